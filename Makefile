@@ -1,0 +1,35 @@
+# Two set-up commands for a fresh machine: `make up` (a node) and `make test` (the suite).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: up down test lint proto bench clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+up: $(STAMP)
+	$(BIN)/pinmq node --config deploy/node1.yaml
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+proto: $(STAMP)
+	$(BIN)/python -m broker.protogen
+
+bench: $(STAMP)
+	$(BIN)/python bench/core_dispatch.py
+	$(BIN)/python bench/group_memory.py
+	$(BIN)/python bench/end_to_end.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,42 @@
+"""The message model shared by the core, the store and the servers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+GROUP_ID_HEADER = "JMSXGroupID"
+ALT_GROUP_ID_HEADER = "_AMQ_GROUP_ID"
+GROUP_SEQ_HEADER = "JMSXGroupSeq"
+
+
+@dataclass(slots=True)
+class Message:
+    """One message as held by one queue (multicast copies are separate objects).
+
+    `group` is the resolved group key (after buckets / default group) and is
+    set by the queue that holds the message; `None` means ungrouped.
+    """
+
+    msg_id: int
+    queue: str
+    address: str
+    body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+    persistent: bool = False
+    delivery_count: int = 0
+    group: str | None = None
+    group_seq: int = 0
+    enqueued_ns: int = 0
+
+    def copy_for(self, queue: str) -> Message:
+        """A copy routed to another queue; the body and headers are shared, not duplicated."""
+        return Message(
+            msg_id=self.msg_id,
+            queue=queue,
+            address=self.address,
+            body=self.body,
+            headers=self.headers,
+            persistent=self.persistent,
+            delivery_count=self.delivery_count,
+            enqueued_ns=self.enqueued_ns,
+        )
