@@ -1,13 +1,29 @@
 """Node configuration: the YAML contract, validated with pydantic.
 
-Only the queue settings live here so far; the rest of the node config is built around them.
+`load_config` / `parse_config` turn a YAML file into a frozen `NodeConfig`, or raise
+`ConfigError` listing every problem (file, dotted key path, value, expectation) so an operator
+can fix the file in one pass.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import ErrorDetails, PydanticCustomError
+
+from broker import wildcard
 
 
 def kebab(name: str) -> str:
@@ -44,3 +60,241 @@ class QueueConfig(Strict):
         if not value.strip():
             raise ValueError("must be a non-empty header name")
         return value
+
+
+def _host_port(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not (sep and host and port.isdigit() and 1 <= int(port) <= 65535):
+        raise ValueError("host:port with a port in 1..65535")
+    return value
+
+
+HostPort = Annotated[str, AfterValidator(_host_port)]
+_NODE_ID = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+class NodeSection(Strict):
+    """Identity of this node; the id also names its default data directory."""
+
+    id: str
+    data_dir: Path
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_data_dir(cls, data: Any) -> Any:
+        # Filled even when the id is missing or bad, so only the id itself gets reported.
+        if isinstance(data, dict) and not {"data-dir", "data_dir"} & data.keys():
+            return {**data, "data-dir": Path("data") / str(data.get("id", ""))}
+        return data
+
+    @field_validator("id")
+    @classmethod
+    def _id_chars(cls, value: str) -> str:
+        if not _NODE_ID.fullmatch(value):
+            raise ValueError("a non-empty id of letters, digits, '_', '.' and '-'")
+        return value
+
+
+class ListenSection(Strict):
+    """Listener endpoints (host:port) for each protocol the node serves."""
+
+    client: HostPort = "127.0.0.1:7601"
+    stomp: HostPort = "127.0.0.1:61613"
+    cluster: HostPort = "127.0.0.1:7701"
+    http: HostPort = "127.0.0.1:8161"
+
+
+class AddressConfig(Strict):
+    """A statically declared address and the queues bound to it."""
+
+    routing_type: Literal["anycast", "multicast"] = "anycast"
+    queues: dict[str, QueueConfig] = Field(default_factory=dict)
+
+
+class AddressSettings(Strict):
+    """Artemis address-settings: what auto-created addresses and queues get."""
+
+    auto_create_queues: bool = True
+    auto_create_addresses: bool = True
+    default_group_buckets: int = Field(default=-1, ge=-1)
+    default_group_rebalance: bool = False
+    default_group_rebalance_pause_dispatch: bool = False
+    default_group_first_key: str | None = None
+    # Extensions beyond Artemis' address-settings, mirroring QueueConfig's fields.
+    default_group_mode: Literal["sticky", "shared"] = "sticky"
+    default_group_header: str = "JMSXGroupID"
+    max_delivery_attempts: int = Field(default=10, ge=1)
+    dead_letter_address: str | None = "DLQ"
+    default_consumers_before_dispatch: int = Field(default=0, ge=0)
+    default_delay_before_dispatch: int = Field(default=-1, ge=-1)
+
+    @field_validator("default_group_header")
+    @classmethod
+    def _header_not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must be a non-empty header name")
+        return value
+
+    def queue_config(self) -> QueueConfig:
+        """The QueueConfig an auto-created queue gets under these settings."""
+        return QueueConfig(
+            group_header=self.default_group_header,
+            group_mode=self.default_group_mode,
+            group_buckets=self.default_group_buckets,
+            group_rebalance=self.default_group_rebalance,
+            group_rebalance_pause_dispatch=self.default_group_rebalance_pause_dispatch,
+            group_first_key=self.default_group_first_key,
+            max_delivery_attempts=self.max_delivery_attempts,
+            dead_letter_address=self.dead_letter_address,
+            consumers_before_dispatch=self.default_consumers_before_dispatch,
+            delay_before_dispatch=self.default_delay_before_dispatch,
+        )
+
+
+class LimitsSection(Strict):
+    """Resource limits enforced at the edge, before a message enters a queue."""
+
+    max_message_size: int = Field(default=10 * 1024 * 1024, gt=0)
+
+
+class LogSection(Strict):
+    """Logging; format `auto` picks console on a terminal and json otherwise."""
+
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["auto", "json", "console"] = "auto"
+
+
+def _default_address_settings() -> dict[str, AddressSettings]:
+    return {wildcard.ANY_WORDS: AddressSettings()}
+
+
+class NodeConfig(Strict):
+    """The whole node configuration file."""
+
+    node: NodeSection
+    listen: ListenSection = Field(default_factory=ListenSection)
+    addresses: dict[str, AddressConfig] = Field(default_factory=dict)
+    address_settings: dict[str, AddressSettings] = Field(default_factory=_default_address_settings)
+    limits: LimitsSection = Field(default_factory=LimitsSection)
+    log: LogSection = Field(default_factory=LogSection)
+
+    @field_validator("addresses")
+    @classmethod
+    def _queue_names_unique(cls, value: dict[str, AddressConfig]) -> dict[str, AddressConfig]:
+        # Queues are looked up by name alone, so a name may be bound to one address only.
+        owner: dict[str, str] = {}
+        for address, cfg in value.items():
+            for queue in cfg.queues:
+                if queue in owner:
+                    raise PydanticCustomError(
+                        "pinmq",
+                        f"queue name {queue!r} is declared twice: "
+                        f"addresses.{owner[queue]}.queues.{queue} and "
+                        f"addresses.{address}.queues.{queue}",
+                    )
+                owner[queue] = address
+        return value
+
+    @field_validator("address_settings")
+    @classmethod
+    def _patterns_well_formed(cls, value: dict[str, AddressSettings]) -> dict[str, AddressSettings]:
+        for pattern in value:
+            if not pattern or wildcard.is_wildcard_word_misuse(pattern):
+                raise PydanticCustomError(
+                    "pinmq",
+                    f"bad match pattern {pattern!r}: expected words separated by '.', "
+                    "with '#' and '*' only as whole words",
+                )
+        return value
+
+    def settings_for(self, address: str) -> AddressSettings:
+        """Settings from the most specific matching entry; built-in defaults if none match."""
+        pattern = wildcard.most_specific(self.address_settings, address)
+        return self.address_settings[pattern] if pattern is not None else AddressSettings()
+
+    def queue_config_for(self, address: str) -> QueueConfig:
+        """The QueueConfig of a queue auto-created on `address`."""
+        return self.settings_for(address).queue_config()
+
+
+class ConfigError(Exception):
+    """A config file that cannot be used; `str()` is the user-facing report, one line each."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def load_config(path: str | Path) -> NodeConfig:
+    """Read and validate a YAML config file."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError([f"{path}: config file not found"]) from None
+    except (OSError, UnicodeDecodeError) as err:
+        reason = err.strerror if isinstance(err, OSError) else "not UTF-8 text"
+        raise ConfigError([f"{path}: cannot read config file: {reason}"]) from None
+    return parse_config(text, str(path))
+
+
+def parse_config(text: str, source: str) -> NodeConfig:
+    """Validate YAML text; `source` names it (usually the file path) in error messages."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError([_yaml_problem(err, source)]) from None
+    if not isinstance(data, dict):
+        got = "an empty document" if data is None else _show(data)
+        raise ConfigError([f"{source}: got {got}, expected a mapping at the top level"])
+    try:
+        return NodeConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError([_problem(source, e) for e in err.errors()]) from None
+
+
+def _yaml_problem(err: yaml.YAMLError, source: str) -> str:
+    mark = getattr(err, "problem_mark", None)
+    where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+    what = getattr(err, "problem", None) or str(err)
+    return f"{where}: invalid YAML: {what}"
+
+
+_PHRASES = re.compile(r"^(Input should be|Value error,( must be)?|must be)\s+")
+
+
+def _problem(source: str, error: ErrorDetails) -> str:
+    """One line per pydantic error: file, dotted key path (YAML spelling), value, expectation."""
+    loc = [str(part) for part in error["loc"]]
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        return _join(source, loc[:-1], f"unknown key {loc[-1]!r}")
+    if kind == "missing":
+        return _join(source, loc, "missing required key")
+    if kind == "pinmq":
+        return _join(source, loc, error["msg"])
+    if kind == "literal_error":
+        expected = "one of " + error.get("ctx", {})["expected"].replace(" or ", ", ")
+    elif kind in ("model_type", "model_attributes_type", "dict_type"):
+        expected = "a mapping"
+    else:
+        # "Input should be a valid integer, unable to parse ..." -> "a valid integer"
+        expected = _PHRASES.sub("", error["msg"]).split(", unable to")[0]
+    return _join(source, loc, f"got {_show(error['input'])}, expected {expected}")
+
+
+def _join(source: str, loc: list[str], text: str) -> str:
+    return ": ".join([source, *([".".join(loc)] if loc else []), text])
+
+
+def _show(value: Any) -> str:
+    """A value as the user wrote it in YAML, short enough for one line."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,253 @@
+"""All addresses and queues of one node: routing, auto-creation and dead-lettering (pure).
+
+The node shell is the only caller and calls from one thread; every operation returns the
+`Effects` the shells must carry out (persist before acknowledging, then deliver).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from broker.config import NodeConfig, QueueConfig
+from broker.message import Message
+from broker.queue import Effects, Queue, QueueError
+
+ORIGINAL_ADDRESS_HEADER = "_AMQ_ORIG_ADDRESS"
+ORIGINAL_QUEUE_HEADER = "_AMQ_ORIG_QUEUE"
+
+RoutingType = Literal["anycast", "multicast"]
+
+
+class CoreError(Exception):
+    """A request refused by the core; `code` maps to a gRPC status in the shell."""
+
+    code = "invalid_argument"
+
+
+class InvalidRequest(CoreError):
+    code = "invalid_argument"
+
+
+class UnknownQueue(CoreError):
+    code = "not_found"
+
+
+class UnknownAddress(CoreError):
+    code = "not_found"
+
+
+class QueueExists(CoreError):
+    code = "already_exists"
+
+
+@dataclass(slots=True)
+class _Address:
+    name: str
+    routing_type: RoutingType
+    queues: list[str] = field(default_factory=list)
+    next_queue: int = 0
+    # anycast with several queues: which queue each group went to, so a group never splits
+    pins: dict[str, str] = field(default_factory=dict)
+
+
+class BrokerCore:
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self._addresses: dict[str, _Address] = {}
+        self._queues: dict[str, Queue] = {}
+        self._next_id = 1
+        for name, address in config.addresses.items():
+            self._address(name, address.routing_type)
+            for queue_name, settings in address.queues.items():
+                self._add_queue(name, queue_name, settings)
+
+    # ---- queues -----------------------------------------------------------------------
+
+    def queue(self, name: str) -> Queue:
+        q = self._queues.get(name)
+        if q is None:
+            raise UnknownQueue(f"no queue named {name!r}")
+        return q
+
+    def queues(self) -> list[Queue]:
+        return list(self._queues.values())
+
+    def create_queue(self, address: str, name: str, settings: QueueConfig) -> None:
+        if not address or not name:
+            raise InvalidRequest("address and queue name must not be empty")
+        if name in self._queues:
+            raise QueueExists(f"queue {name!r} already exists")
+        self._add_queue(address, name, settings)
+
+    def delete_queue(self, name: str) -> Effects:
+        q = self.queue(name)
+        fx = Effects(removed=q.held())
+        del self._queues[name]
+        a = self._addresses[q.address]
+        a.queues.remove(name)
+        a.pins = {k: v for k, v in a.pins.items() if v != name}
+        return fx
+
+    def restore_queue(self, address: str, name: str, settings: QueueConfig) -> None:
+        """A queue recorded in the store; the config's own definition wins."""
+        if name not in self._queues:
+            self._add_queue(address, name, settings)
+
+    def restore_messages(self, messages: Iterable[Message], next_msg_id: int) -> int:
+        """Reload stored messages (in msg_id order); returns how many had no queue any more."""
+        orphans = 0
+        fx = Effects()
+        top = next_msg_id
+        for m in messages:
+            q = self._queues.get(m.queue)
+            top = max(top, m.msg_id + 1)
+            if q is None:
+                orphans += 1
+                continue
+            q.enqueue(m, m.enqueued_ns, fx)
+            a = self._addresses[q.address]
+            if m.group is not None and a.routing_type == "anycast" and len(a.queues) > 1:
+                a.pins[m.group] = q.name
+        self._next_id = max(self._next_id, top)
+        return orphans
+
+    # ---- messages ---------------------------------------------------------------------
+
+    def send(
+        self, address: str, body: bytes, headers: dict[str, str], persistent: bool, now_ns: int
+    ) -> tuple[int, Effects]:
+        if not address:
+            raise InvalidRequest("address must not be empty")
+        fx = Effects()
+        a = self._addresses.get(address) or self._auto_create(address, fx)
+        msg_id = self._route(a, body, headers, persistent, now_ns, fx)
+        self._dead_letter(now_ns, fx)
+        return msg_id, fx
+
+    def subscribe(
+        self, queue: str, consumer_id: str, name: str, prefetch: int, now_ns: int
+    ) -> Effects:
+        return self._on_queue(
+            queue, lambda q, fx: q.subscribe(consumer_id, name, prefetch, now_ns, fx), now_ns
+        )
+
+    def close_consumer(self, queue: str, consumer_id: str, now_ns: int) -> Effects:
+        if queue not in self._queues:
+            return Effects()  # the queue was deleted under its consumers
+        return self._on_queue(
+            queue, lambda q, fx: q.close_consumer(consumer_id, now_ns, fx), now_ns
+        )
+
+    def ack(self, queue: str, consumer_id: str, ids: Sequence[int], now_ns: int) -> Effects:
+        return self._on_queue(queue, lambda q, fx: q.ack(consumer_id, ids, now_ns, fx), now_ns)
+
+    def release(self, queue: str, consumer_id: str, ids: Sequence[int], now_ns: int) -> Effects:
+        return self._on_queue(queue, lambda q, fx: q.release(consumer_id, ids, now_ns, fx), now_ns)
+
+    def reject(self, queue: str, consumer_id: str, ids: Sequence[int], now_ns: int) -> Effects:
+        return self._on_queue(queue, lambda q, fx: q.reject(consumer_id, ids, now_ns, fx), now_ns)
+
+    def reset_groups(self, queue: str, group: str | None, now_ns: int) -> Effects:
+        return self._on_queue(queue, lambda q, fx: q.reset_groups(group, now_ns, fx), now_ns)
+
+    def tick(self, now_ns: int) -> Effects:
+        fx = Effects()
+        for q in self._queues.values():
+            q.tick(now_ns, fx)
+        return fx
+
+    # ---- internals --------------------------------------------------------------------
+
+    def _on_queue(self, name: str, op, now_ns: int) -> Effects:  # type: ignore[no-untyped-def]
+        q = self.queue(name)
+        fx = Effects()
+        try:
+            op(q, fx)
+        except QueueError as err:
+            raise InvalidRequest(str(err)) from None
+        self._dead_letter(now_ns, fx)
+        return fx
+
+    def _address(self, name: str, routing_type: RoutingType) -> _Address:
+        a = self._addresses.get(name)
+        if a is None:
+            a = self._addresses[name] = _Address(name, routing_type)
+        return a
+
+    def _add_queue(self, address: str, name: str, settings: QueueConfig) -> Queue:
+        q = self._queues[name] = Queue(name, address, settings)
+        self._address(address, "anycast").queues.append(name)
+        return q
+
+    def _auto_create(self, address: str, fx: Effects) -> _Address:
+        rules = self.config.settings_for(address)
+        if not (rules.auto_create_addresses and rules.auto_create_queues):
+            raise UnknownAddress(
+                f"address {address!r} does not exist and address-settings forbid auto-creating it"
+            )
+        settings = self.config.queue_config_for(address)
+        self._add_queue(address, address, settings)
+        fx.queues_created.append((address, address, settings))
+        return self._addresses[address]
+
+    def _route(
+        self,
+        a: _Address,
+        body: bytes,
+        headers: dict[str, str],
+        persistent: bool,
+        now_ns: int,
+        fx: Effects,
+    ) -> int:
+        msg_id = self._next_id
+        self._next_id += 1
+        for name in self._targets(a, headers):
+            q = self._queues[name]
+            m = Message(
+                msg_id=msg_id,
+                queue=name,
+                address=a.name,
+                body=body,
+                headers=headers,
+                persistent=persistent and q.settings.durable,
+                enqueued_ns=now_ns,
+            )
+            fx.added.append(m)
+            q.enqueue(m, now_ns, fx)
+        return msg_id
+
+    def _targets(self, a: _Address, headers: dict[str, str]) -> list[str]:
+        if a.routing_type == "multicast" or len(a.queues) <= 1:
+            return a.queues
+        key = self._queues[a.queues[0]].group_key(headers)
+        if key is not None and key in a.pins:
+            return [a.pins[key]]
+        name = a.queues[a.next_queue % len(a.queues)]
+        a.next_queue += 1
+        if key is not None:
+            a.pins[key] = name
+        return [name]
+
+    def _dead_letter(self, now_ns: int, fx: Effects) -> None:
+        """Move dead messages to their queue's dead-letter address, or drop them."""
+        for m in fx.dead:
+            fx.removed.append(m)
+            dla = (
+                self._queues[m.queue].settings.dead_letter_address
+                if m.queue in self._queues
+                else None
+            )
+            if not dla or dla == m.address:
+                continue
+            try:
+                a = self._addresses.get(dla) or self._auto_create(dla, fx)
+            except UnknownAddress:
+                continue
+            headers = {
+                **m.headers,
+                ORIGINAL_ADDRESS_HEADER: m.address,
+                ORIGINAL_QUEUE_HEADER: m.queue,
+            }
+            self._route(a, m.body, headers, m.persistent, now_ns, fx)

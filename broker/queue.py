@@ -1,0 +1,516 @@
+"""One queue's group semantics: the pure core of dispatch (no I/O, no clock of its own).
+
+Every group has its own FIFO of pending messages. A group with pending messages sits in
+exactly one run queue: its owner's `ready` deque, or the queue-wide `unowned` deque when it
+has no owner. Ungrouped messages have their own FIFO. Dispatch only ever looks at the heads
+of these deques, so a blocked group never blocks anything behind it and the cost of
+dispatching a message does not depend on how many groups exist.
+
+Invariants kept after every operation (checked by the stateful tests):
+- a group has unacknowledged messages at no more than one consumer (its owner);
+- a consumer holds at most `prefetch` unacknowledged messages;
+- within a group, messages are delivered in order, and a message returned to the queue goes
+  back to the head of its group together with every later one its consumer still held.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from broker.config import QueueConfig
+from broker.message import ALT_GROUP_ID_HEADER, GROUP_ID_HEADER, GROUP_SEQ_HEADER, Message
+
+
+class QueueError(Exception):
+    """A request the queue cannot honour; the message says why."""
+
+
+@dataclass(slots=True, frozen=True)
+class Delivery:
+    """A message handed to a consumer; `first_in_group` marks the first of a group it owns."""
+
+    delivery_id: int
+    consumer_id: str
+    message: Message
+    first_in_group: bool
+
+
+@dataclass(slots=True)
+class GroupInfo:
+    group: str
+    owner: str | None
+    owner_name: str | None
+    pending: int
+    outstanding: int
+    last_use_ns: int
+
+
+@dataclass(slots=True)
+class Effects:
+    """What an operation asks the shells to do: deliver, persist, delete, dead-letter."""
+
+    deliveries: list[Delivery] = field(default_factory=list)
+    added: list[Message] = field(default_factory=list)
+    removed: list[Message] = field(default_factory=list)
+    updated: list[Message] = field(default_factory=list)
+    dead: list[Message] = field(default_factory=list)
+    queues_created: list[tuple[str, str, QueueConfig]] = field(default_factory=list)
+
+
+class _Group:
+    """Kept small on purpose: one of these lives for every pinned group, idle or not."""
+
+    __slots__ = ("detach", "fresh", "key", "last_use_ns", "outstanding", "owner", "pending", "slot")
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.pending: deque[Message] | None = None  # None while empty: an empty deque is ~600 B
+        self.owner: _Consumer | None = None
+        self.outstanding = 0
+        self.last_use_ns = 0
+        self.detach = False  # unpin once nothing is outstanding; deliver nothing meanwhile
+        self.fresh = False  # next delivery is the first its owner gets of the group
+        self.slot: deque[_Group] | None = None  # the run queue this group is in, if any
+
+
+class _Consumer:
+    __slots__ = ("closed", "dirty", "groups", "id", "name", "prefetch", "ready", "unacked")
+
+    def __init__(self, consumer_id: str, name: str, prefetch: int) -> None:
+        self.id = consumer_id
+        self.name = name
+        self.prefetch = prefetch
+        self.unacked: dict[int, Message] = {}  # delivery id -> message, in delivery order
+        self.groups: set[_Group] = set()
+        self.ready: deque[_Group] = deque()
+        self.dirty = False
+        self.closed = False
+
+
+class Queue:
+    """A queue with Artemis / Qpid group semantics, driven by method calls and `now_ns`."""
+
+    def __init__(self, name: str, address: str, settings: QueueConfig) -> None:
+        self.name = name
+        self.address = address
+        self.settings = settings
+        self._groups: dict[str, _Group] = {}
+        self._consumers: dict[str, _Consumer] = {}
+        self._hungry: dict[_Consumer, None] = {}  # consumers with credit (ordered set)
+        self._dirty: deque[_Consumer] = deque()  # consumers that may have ready groups and credit
+        self._unowned: deque[_Group] = deque()
+        self._ungrouped: deque[Message] = deque()
+        self._pending = 0
+        self._outstanding = 0
+        self._next_delivery = 1
+        self._paused = False  # group-rebalance-pause-dispatch in progress
+        self._started = False  # consumers-before-dispatch / delay-before-dispatch satisfied
+        self._first_consumer_ns: int | None = None
+
+    # ---- inspection -------------------------------------------------------------------
+
+    @property
+    def depth(self) -> int:
+        """Messages in the queue, delivered or not, that are not yet acknowledged."""
+        return self._pending + self._outstanding
+
+    @property
+    def consumer_count(self) -> int:
+        return len(self._consumers)
+
+    def groups(self) -> list[GroupInfo]:
+        return [
+            GroupInfo(
+                group=g.key,
+                owner=g.owner.id if g.owner else None,
+                owner_name=g.owner.name if g.owner else None,
+                pending=len(g.pending) if g.pending else 0,
+                outstanding=g.outstanding,
+                last_use_ns=g.last_use_ns,
+            )
+            for g in self._groups.values()
+        ]
+
+    def consumer_groups(self, consumer_id: str) -> list[str]:
+        return [g.key for g in self._consumer(consumer_id).groups]
+
+    def unacked(self, consumer_id: str) -> list[tuple[int, Message]]:
+        return list(self._consumer(consumer_id).unacked.items())
+
+    def group_key(self, headers: dict[str, str]) -> str | None:
+        """The group a message belongs to here: header, then default group, then bucket."""
+        s = self.settings
+        if s.group_buckets == 0:
+            return None
+        gid = headers.get(s.group_header)
+        if gid is None and s.group_header == GROUP_ID_HEADER:
+            gid = headers.get(ALT_GROUP_ID_HEADER)
+        if not gid:
+            gid = s.default_group
+            if gid is None:
+                return None
+        if s.group_buckets > 0:
+            return f"bucket-{zlib.crc32(gid.encode()) % s.group_buckets}"
+        return gid
+
+    # ---- operations -------------------------------------------------------------------
+
+    def enqueue(self, message: Message, now_ns: int, fx: Effects) -> None:
+        message.group = key = self.group_key(message.headers)
+        message.group_seq = _parse_seq(message.headers.get(GROUP_SEQ_HEADER))
+        self._pending += 1
+        if key is None:
+            self._ungrouped.append(message)
+        else:
+            g = self._groups.get(key)
+            if g is None:
+                g = self._groups[key] = _Group(key)
+            g.last_use_ns = now_ns
+            if g.pending is None:
+                g.pending = deque((message,))
+                self._schedule(g)
+            else:
+                g.pending.append(message)
+        self._pump(now_ns, fx)
+
+    def subscribe(
+        self, consumer_id: str, name: str, prefetch: int, now_ns: int, fx: Effects
+    ) -> None:
+        if prefetch < 1:
+            raise QueueError(f"prefetch must be at least 1, got {prefetch}")
+        if consumer_id in self._consumers:
+            raise QueueError(f"consumer {consumer_id!r} is already subscribed to {self.name!r}")
+        c = self._consumers[consumer_id] = _Consumer(consumer_id, name, prefetch)
+        if self._first_consumer_ns is None:
+            self._first_consumer_ns = now_ns
+        if self.settings.group_rebalance and len(self._consumers) > 1:
+            self._rebalance()
+        self._refill(c)
+        self._pump(now_ns, fx)
+
+    def close_consumer(self, consumer_id: str, now_ns: int, fx: Effects) -> None:
+        """Unacked messages go back to the head of their groups in order; groups are freed."""
+        c = self._consumers.pop(consumer_id, None)
+        if c is None:
+            return
+        c.closed = True
+        self._hungry.pop(c, None)
+        self._return(c, list(c.unacked.items()), now_ns, fx)
+        for g in list(c.groups):
+            self._unpin(g)
+        if not self._consumers:
+            self._started = False
+            self._first_consumer_ns = None
+        self._pump(now_ns, fx)
+
+    def ack(self, consumer_id: str, delivery_ids: Iterable[int], now_ns: int, fx: Effects) -> None:
+        c = self._consumer(consumer_id)
+        for did in delivery_ids:
+            m = c.unacked.pop(did, None)
+            if m is None:
+                self._check_stale(did)
+                continue
+            self._outstanding -= 1
+            fx.removed.append(m)
+            self._settle(m, now_ns)
+        self._refill(c)
+        self._pump(now_ns, fx)
+
+    def release(
+        self, consumer_id: str, delivery_ids: Iterable[int], now_ns: int, fx: Effects
+    ) -> None:
+        """Back to the head of the group, delivery count + 1.
+
+        Every later message of the same group that the consumer still holds goes back with
+        it, so the group is redelivered in order.
+        """
+        c = self._consumer(consumer_id)
+        for did in sorted(delivery_ids):
+            m = c.unacked.get(did)
+            if m is None:
+                self._check_stale(did)
+                continue
+            if m.group is None:
+                back = [(did, m)]
+            else:
+                back = [(d, x) for d, x in c.unacked.items() if d >= did and x.group == m.group]
+            self._return(c, back, now_ns, fx)
+        self._refill(c)
+        self._pump(now_ns, fx)
+
+    def reject(
+        self, consumer_id: str, delivery_ids: Iterable[int], now_ns: int, fx: Effects
+    ) -> None:
+        """The consumer refuses the message: it goes to the dead-letter address or is dropped."""
+        c = self._consumer(consumer_id)
+        for did in delivery_ids:
+            m = c.unacked.pop(did, None)
+            if m is None:
+                self._check_stale(did)
+                continue
+            self._outstanding -= 1
+            fx.dead.append(m)
+            self._settle(m, now_ns)
+        self._refill(c)
+        self._pump(now_ns, fx)
+
+    def reset_groups(self, group: str | None, now_ns: int, fx: Effects) -> None:
+        """Unpin one group or all of them; a group with messages out moves once they settle."""
+        if group is None:
+            targets = [g for g in self._groups.values() if g.owner is not None]
+        else:
+            g = self._groups.get(group)
+            if g is None:
+                raise QueueError(f"queue {self.name!r} has no group {group!r}")
+            targets = [g] if g.owner is not None else []
+        for g in targets:
+            self._detach(g)
+        self._pump(now_ns, fx)
+
+    def tick(self, now_ns: int, fx: Effects) -> None:
+        """Lets delay-before-dispatch expire."""
+        if not self._started and self._pending:
+            self._pump(now_ns, fx)
+
+    def held(self) -> list[Message]:
+        """Every message the queue holds, delivered or not (for deleting the queue)."""
+        held = [m for c in self._consumers.values() for m in c.unacked.values()]
+        held += self._ungrouped
+        for g in self._groups.values():
+            if g.pending:
+                held += g.pending
+        return held
+
+    # ---- dispatch ---------------------------------------------------------------------
+
+    def _dispatching(self, now_ns: int) -> bool:
+        if self._paused:
+            return False
+        if self._started:
+            return True
+        s = self.settings
+        if not self._consumers:
+            return False
+        enough = len(self._consumers) >= s.consumers_before_dispatch
+        waited = (
+            s.delay_before_dispatch >= 0
+            and self._first_consumer_ns is not None
+            and now_ns - self._first_consumer_ns >= s.delay_before_dispatch * 1_000_000
+        )
+        self._started = enough or waited
+        return self._started
+
+    def _pump(self, now_ns: int, fx: Effects) -> None:
+        if not self._dispatching(now_ns):
+            return
+        dirty, hungry, unowned, ungrouped = (
+            self._dirty,
+            self._hungry,
+            self._unowned,
+            self._ungrouped,
+        )
+        while True:
+            while dirty:
+                self._serve(dirty.popleft(), now_ns, fx)
+            if not hungry:
+                return
+            g = self._head(unowned)
+            if g is None and not ungrouped:
+                return
+            if g is not None and (
+                not ungrouped or g.pending[0].msg_id <= ungrouped[0].msg_id  # type: ignore[index]
+            ):
+                unowned.popleft()
+                g.slot = None
+                c = min(hungry, key=_load)
+                c.groups.add(g)
+                g.owner = c
+                g.fresh = True
+                self._deliver_head(g, c, now_ns, fx)
+            else:
+                c = next(iter(hungry))
+                del hungry[c]
+                hungry[c] = None  # rotate: round robin over consumers for ungrouped messages
+                self._pending -= 1
+                self._deliver(c, None, ungrouped.popleft(), now_ns, fx)
+
+    def _serve(self, c: _Consumer, now_ns: int, fx: Effects) -> None:
+        c.dirty = False
+        while not c.closed and len(c.unacked) < c.prefetch:
+            g = self._head(c.ready)
+            if g is None:
+                return
+            c.ready.popleft()
+            g.slot = None
+            self._deliver_head(g, c, now_ns, fx)
+
+    def _deliver_head(self, g: _Group, c: _Consumer, now_ns: int, fx: Effects) -> None:
+        pending = g.pending
+        assert pending
+        m = pending.popleft()
+        if not pending:
+            g.pending = None
+        self._pending -= 1
+        self._deliver(c, g, m, now_ns, fx)
+        if g.pending is not None and not g.detach:
+            self._push(c.ready, g, c)
+
+    def _deliver(
+        self, c: _Consumer, g: _Group | None, m: Message, now_ns: int, fx: Effects
+    ) -> None:
+        did = self._next_delivery
+        self._next_delivery = did + 1
+        c.unacked[did] = m
+        self._outstanding += 1
+        first = False
+        if g is not None:
+            g.outstanding += 1
+            g.last_use_ns = now_ns
+            if g.fresh:
+                first = True
+                g.fresh = False
+            if m.group_seq < 0:  # closes the group once this message settles
+                g.detach = True
+        if len(c.unacked) >= c.prefetch:
+            self._hungry.pop(c, None)
+        fx.deliveries.append(Delivery(did, c.id, m, first))
+
+    def _head(self, run: deque[_Group]) -> _Group | None:
+        """The first live entry of a run queue; stale entries are dropped on the way."""
+        while run:
+            g = run[0]
+            if g.slot is run and g.pending is not None:
+                return g
+            run.popleft()
+            if g.slot is run:
+                g.slot = None
+        return None
+
+    def _push(self, run: deque[_Group], g: _Group, c: _Consumer | None) -> None:
+        if g.slot is run:
+            return
+        g.slot = run
+        run.append(g)
+        if c is not None and not c.dirty and len(c.unacked) < c.prefetch:
+            c.dirty = True
+            self._dirty.append(c)
+
+    def _schedule(self, g: _Group) -> None:
+        """Put a group that has pending messages where dispatch will find it."""
+        if g.owner is None:
+            self._push(self._unowned, g, None)
+        elif not g.detach:
+            self._push(g.owner.ready, g, g.owner)
+
+    def _refill(self, c: _Consumer) -> None:
+        """After credit came back: make the consumer eligible again."""
+        if c.closed or len(c.unacked) >= c.prefetch:
+            return
+        self._hungry[c] = None
+        if c.ready and not c.dirty:
+            c.dirty = True
+            self._dirty.append(c)
+
+    # ---- settling and returning ---------------------------------------------------------
+
+    def _settle(self, m: Message, now_ns: int) -> None:
+        """A delivered message left its consumer for good (acked or rejected)."""
+        if m.group is not None:
+            g = self._groups[m.group]
+            g.outstanding -= 1
+            g.last_use_ns = now_ns
+            if g.outstanding == 0 and (g.detach or self.settings.group_mode == "shared"):
+                self._unpin(g)
+        if self._paused and self._outstanding == 0:
+            self._paused = False
+
+    def _return(
+        self, c: _Consumer, back: Sequence[tuple[int, Message]], now_ns: int, fx: Effects
+    ) -> None:
+        """Put delivered messages back at the head of their groups, in delivery order."""
+        per_group: dict[str | None, list[Message]] = {}
+        limit = self.settings.max_delivery_attempts
+        for did, m in back:
+            del c.unacked[did]
+            self._outstanding -= 1
+            m.delivery_count += 1
+            if m.group is not None:
+                self._groups[m.group].outstanding -= 1
+            if m.delivery_count >= limit:
+                fx.dead.append(m)
+            else:
+                fx.updated.append(m)
+                per_group.setdefault(m.group, []).append(m)
+        for key, msgs in per_group.items():
+            self._pending += len(msgs)
+            if key is None:
+                self._ungrouped.extendleft(reversed(msgs))
+                continue
+            g = self._groups[key]
+            if g.pending is None:
+                g.pending = deque(msgs)
+            else:
+                g.pending.extendleft(reversed(msgs))
+        touched = {self._groups[m.group] for _, m in back if m.group is not None}
+        for g in touched:
+            g.last_use_ns = now_ns
+            if g.outstanding == 0 and (g.detach or self.settings.group_mode == "shared"):
+                self._unpin(g)
+            elif g.pending is not None:
+                self._schedule(g)
+        if self._paused and self._outstanding == 0:
+            self._paused = False
+
+    def _detach(self, g: _Group) -> None:
+        if g.outstanding == 0:
+            self._unpin(g)
+        else:
+            g.detach = True
+            g.slot = None  # its entry in the owner's run queue goes stale
+
+    def _unpin(self, g: _Group) -> None:
+        owner = g.owner
+        if owner is not None:
+            owner.groups.discard(g)
+        g.owner = None
+        g.detach = False
+        g.fresh = False
+        if g.pending is not None:
+            self._push(self._unowned, g, None)
+        elif g.outstanding == 0:
+            del self._groups[g.key]
+
+    def _rebalance(self) -> None:
+        for g in [g for g in self._groups.values() if g.owner is not None]:
+            self._detach(g)
+        if self.settings.group_rebalance_pause_dispatch and self._outstanding:
+            self._paused = True
+
+    # ---- helpers ------------------------------------------------------------------------
+
+    def _consumer(self, consumer_id: str) -> _Consumer:
+        c = self._consumers.get(consumer_id)
+        if c is None:
+            raise QueueError(f"queue {self.name!r} has no consumer {consumer_id!r}")
+        return c
+
+    def _check_stale(self, delivery_id: int) -> None:
+        """Ids already settled or returned are ignored; ids never issued are an error."""
+        if not 0 < delivery_id < self._next_delivery:
+            raise QueueError(f"unknown delivery id {delivery_id} on queue {self.name!r}")
+
+
+def _load(c: _Consumer) -> int:
+    return len(c.groups)
+
+
+def _parse_seq(raw: str | None) -> int:
+    if not raw:
+        return 0
+    try:
+        return int(raw)
+    except ValueError:
+        return 0

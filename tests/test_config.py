@@ -1,0 +1,261 @@
+"""Node config: the YAML contract, defaults, and one-line-per-problem error reports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from broker.config import (
+    AddressSettings,
+    ConfigError,
+    NodeConfig,
+    QueueConfig,
+    load_config,
+    parse_config,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+
+CONTRACT = """
+node: {id: node1, data-dir: data/node1}
+listen: {client: 127.0.0.1:7601, stomp: 127.0.0.1:61613,
+         cluster: 127.0.0.1:7701, http: 127.0.0.1:8161}
+addresses:
+  orders:
+    queues:
+      orders: {durable: true, group-header: JMSXGroupID, group-mode: sticky, group-buckets: -1,
+               group-rebalance: false, group-rebalance-pause-dispatch: false, group-first-key: null,
+               default-group: null, max-delivery-attempts: 10, dead-letter-address: DLQ}
+address-settings:
+  "#": {auto-create-queues: true, default-group-buckets: -1, default-group-rebalance: false,
+        default-group-rebalance-pause-dispatch: false, default-group-first-key: null}
+"""
+
+
+def error_text(text: str, source: str = "deploy/n.yaml") -> str:
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, source)
+    return str(info.value)
+
+
+def test_contract_parses() -> None:
+    cfg = parse_config(CONTRACT, "contract.yaml")
+    assert cfg.node.id == "node1"
+    assert cfg.node.data_dir == Path("data/node1")
+    assert cfg.listen.client == "127.0.0.1:7601"
+    assert cfg.listen.stomp == "127.0.0.1:61613"
+    assert cfg.listen.cluster == "127.0.0.1:7701"
+    assert cfg.listen.http == "127.0.0.1:8161"
+    assert cfg.addresses["orders"].routing_type == "anycast"
+    assert cfg.addresses["orders"].queues["orders"] == QueueConfig(
+        durable=True, group_mode="sticky", max_delivery_attempts=10, dead_letter_address="DLQ"
+    )
+    assert cfg.address_settings == {"#": AddressSettings()}
+
+
+def test_deploy_example_matches_contract() -> None:
+    cfg = load_config(REPO / "deploy" / "node1.yaml")
+    contract = parse_config(CONTRACT, "contract.yaml")
+    assert cfg.node == contract.node
+    assert cfg.addresses == contract.addresses
+    assert cfg.address_settings == contract.address_settings
+
+
+def test_minimal_config_gets_all_defaults() -> None:
+    cfg = parse_config("node: {id: n1}", "n1.yaml")
+    assert cfg.node.data_dir == Path("data/n1")
+    assert cfg.listen.client == "127.0.0.1:7601"
+    assert cfg.listen.stomp == "127.0.0.1:61613"
+    assert cfg.listen.cluster == "127.0.0.1:7701"
+    assert cfg.listen.http == "127.0.0.1:8161"
+    assert cfg.addresses == {}
+    assert cfg.address_settings == {"#": AddressSettings()}
+    assert cfg.limits.max_message_size == 10 * 1024 * 1024
+    assert (cfg.log.level, cfg.log.format) == ("info", "auto")
+    settings = cfg.settings_for("anything.at.all")
+    assert settings.auto_create_queues and settings.auto_create_addresses
+    assert settings.default_group_buckets == -1
+    assert settings.default_group_mode == "sticky"
+    assert settings.default_group_header == "JMSXGroupID"
+    assert settings.max_delivery_attempts == 10
+    assert settings.dead_letter_address == "DLQ"
+    assert settings.default_consumers_before_dispatch == 0
+    assert settings.default_delay_before_dispatch == -1
+    assert cfg.queue_config_for("orders") == QueueConfig()
+
+
+def test_config_is_frozen() -> None:
+    cfg = parse_config("node: {id: n1}", "n1.yaml")
+    with pytest.raises(ValueError):
+        cfg.node.id = "n2"  # type: ignore[misc]
+
+
+def test_python_names_also_accepted() -> None:
+    cfg = NodeConfig.model_validate({"node": {"id": "n1", "data_dir": "/var/pinmq"}})
+    assert cfg.node.data_dir == Path("/var/pinmq")
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "path", "value", "expected"),
+    [
+        (
+            "addresses: {orders: {queues: {orders: {group-mode: stiky}}}}",
+            "addresses.orders.queues.orders.group-mode",
+            "'stiky'",
+            "one of 'sticky', 'shared'",
+        ),
+        (
+            "addresses: {orders: {queues: {orders: {group-buckets: -2}}}}",
+            "addresses.orders.queues.orders.group-buckets",
+            "-2",
+            "greater than or equal to -1",
+        ),
+        (
+            "addresses: {orders: {queues: {orders: {durable: maybe}}}}",
+            "addresses.orders.queues.orders.durable",
+            "'maybe'",
+            "a valid boolean",
+        ),
+        (
+            "addresses: {orders: {routing-type: broadcast}}",
+            "addresses.orders.routing-type",
+            "'broadcast'",
+            "one of 'anycast', 'multicast'",
+        ),
+        ("listen: {client: 'localhost:0'}", "listen.client", "'localhost:0'", "1..65535"),
+        ("listen: {stomp: '61613'}", "listen.stomp", "'61613'", "host:port"),
+        ("limits: {max-message-size: 0}", "limits.max-message-size", "0", "greater than 0"),
+        ("log: {level: loud}", "log.level", "'loud'", "one of 'debug', 'info'"),
+        ("log: {format: xml}", "log.format", "'xml'", "one of 'auto', 'json', 'console'"),
+        ("listen: 5", "listen", "5", "a mapping"),
+        (
+            "address-settings: {'#': {default-group-mode: stiky}}",
+            "address-settings.#.default-group-mode",
+            "'stiky'",
+            "one of 'sticky', 'shared'",
+        ),
+        (
+            "address-settings: {'#': {default-group-header: ''}}",
+            "address-settings.#.default-group-header",
+            "''",
+            "non-empty header name",
+        ),
+    ],
+)
+def test_bad_value_names_file_path_value_and_expectation(
+    yaml_text: str, path: str, value: str, expected: str
+) -> None:
+    text = error_text("node: {id: n1}\n" + yaml_text)
+    assert text.startswith(f"deploy/n.yaml: {path}: got {value}, expected ")
+    assert expected in text
+    assert "\n" not in text
+
+
+@pytest.mark.parametrize(
+    ("node_id", "shown"), [("''", "''"), ("'a b'", "'a b'"), ("[1]", "a list")]
+)
+def test_bad_node_id(node_id: str, shown: str) -> None:
+    text = error_text(f"node: {{id: {node_id}}}")
+    assert text.startswith(f"deploy/n.yaml: node.id: got {shown}, expected ")
+
+
+def test_missing_node_id() -> None:
+    assert error_text("node: {}") == "deploy/n.yaml: node.id: missing required key"
+    assert error_text("log: {level: info}") == "deploy/n.yaml: node: missing required key"
+
+
+def test_every_problem_reported_one_per_line() -> None:
+    text = error_text(
+        "node: {id: n1}\nlog: {level: loud, format: xml}\nlimits: {max-message-size: -1}"
+    )
+    lines = text.splitlines()
+    assert len(lines) == 3
+    assert all(line.startswith("deploy/n.yaml: ") for line in lines)
+
+
+def test_unknown_keys() -> None:
+    text = error_text(
+        "node: {id: n1}\nfoo: 1\naddresses: {orders: {queues: {orders: {group-mod: shared}}}}"
+    )
+    assert "deploy/n.yaml: unknown key 'foo'" in text.splitlines()
+    assert "deploy/n.yaml: addresses.orders.queues.orders: unknown key 'group-mod'" in text
+
+
+def test_duplicate_queue_names_across_addresses() -> None:
+    text = error_text(
+        "node: {id: n1}\naddresses:\n  a: {queues: {q: {}}}\n  b: {queues: {q: {}, r: {}}}"
+    )
+    assert text.startswith("deploy/n.yaml: addresses: queue name 'q' is declared twice")
+    assert "addresses.a.queues.q" in text and "addresses.b.queues.q" in text
+
+
+def test_bad_settings_pattern() -> None:
+    text = error_text("node: {id: n1}\naddress-settings: {'orders.#x': {}}")
+    assert text.startswith("deploy/n.yaml: address-settings: bad match pattern 'orders.#x'")
+
+
+def test_yaml_syntax_error_names_file_and_line() -> None:
+    text = error_text("node: {id: n1}\nlisten:\n  client: [oops\n")
+    assert text.startswith("deploy/n.yaml:")
+    assert "invalid YAML" in text
+    line = int(text.split(":")[1])
+    assert line >= 3
+
+
+@pytest.mark.parametrize(("text", "got"), [("", "an empty document"), ("- a\n- b", "a list")])
+def test_top_level_not_a_mapping(text: str, got: str) -> None:
+    assert error_text(text) == f"deploy/n.yaml: got {got}, expected a mapping at the top level"
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError) as info:
+        load_config(missing)
+    assert str(info.value) == f"{missing}: config file not found"
+
+
+def test_load_config_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("node: {id: n1}\nlog: {level: loud}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(str(path))
+    assert str(info.value).startswith(f"{path}: log.level: got 'loud'")
+
+
+def test_unmatched_address_falls_back_to_builtin_defaults() -> None:
+    cfg = parse_config("node: {id: n1}\naddress-settings: {billing.#: {}}", "n.yaml")
+    assert cfg.settings_for("orders") == AddressSettings()
+
+
+def test_queue_config_for_picks_most_specific_settings() -> None:
+    cfg = parse_config(
+        """
+node: {id: n1}
+address-settings:
+  "#": {default-group-buckets: 4}
+  "orders.#": {default-group-buckets: 16, default-group-mode: shared, max-delivery-attempts: 3}
+  "orders.*": {default-group-buckets: 32, default-group-first-key: JMSXGroupFirst}
+  "orders.eu": {default-group-buckets: 0, dead-letter-address: null,
+                default-group-header: _AMQ_GROUP_ID, default-group-rebalance: true,
+                default-group-rebalance-pause-dispatch: true,
+                default-consumers-before-dispatch: 2, default-delay-before-dispatch: 500}
+""",
+        "n.yaml",
+    )
+    assert cfg.queue_config_for("billing").group_buckets == 4
+    assert cfg.queue_config_for("orders").group_buckets == 16
+    assert cfg.queue_config_for("orders").group_mode == "shared"
+    assert cfg.queue_config_for("orders").max_delivery_attempts == 3
+    assert cfg.queue_config_for("orders.us.x").group_buckets == 16
+    us = cfg.queue_config_for("orders.us")
+    assert (us.group_buckets, us.group_first_key, us.group_mode) == (32, "JMSXGroupFirst", "sticky")
+    assert cfg.queue_config_for("orders.eu") == QueueConfig(
+        group_buckets=0,
+        dead_letter_address=None,
+        group_header="_AMQ_GROUP_ID",
+        group_rebalance=True,
+        group_rebalance_pause_dispatch=True,
+        consumers_before_dispatch=2,
+        delay_before_dispatch=500,
+    )
