@@ -1,0 +1,248 @@
+"""Hypothesis drives one queue with random steps and checks the group invariants after each.
+
+The test keeps its own ledger of what was sent, delivered, acknowledged and dead-lettered and
+compares the queue against it; it does not re-implement dispatch.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from broker.config import QueueConfig
+from broker.message import Message
+from broker.queue import Effects, Queue
+
+CONSUMERS = ["c0", "c1", "c2", "c3"]
+GROUPS = ["g0", "g1", "g2", "g3", "g4", None]
+
+queue_settings = st.builds(
+    QueueConfig,
+    group_mode=st.sampled_from(["sticky", "shared"]),
+    group_buckets=st.sampled_from([-1, -1, 0, 2]),
+    group_rebalance=st.booleans(),
+    group_rebalance_pause_dispatch=st.booleans(),
+    group_first_key=st.sampled_from([None, "first"]),
+    default_group=st.sampled_from([None, "dflt"]),
+    max_delivery_attempts=st.integers(min_value=2, max_value=4),
+    consumers_before_dispatch=st.sampled_from([0, 0, 2]),
+    delay_before_dispatch=st.sampled_from([-1, 50]),
+)
+
+
+class QueueMachine(RuleBasedStateMachine):
+    @initialize(config=queue_settings)
+    def setup(self, config: QueueConfig) -> None:
+        self.q = Queue("q", "q", config)
+        self.now = 0
+        self.next_id = 1
+        self.key_of: dict[int, str | None] = {}  # msg id -> group key the queue gave it
+        self.order: dict[int, int] = {}  # msg id -> position within its group key
+        self.per_key = defaultdict(int)
+        self.held: dict[str, dict[int, int]] = {}  # consumer -> delivery id -> msg id
+        self.prefetch: dict[str, int] = {}
+        self.settled: set[int] = set()  # acked or dead
+        self.sent = 0
+        self.deliveries_seen = 0
+
+    # ---- steps --------------------------------------------------------------------------
+
+    def _apply(self, fx: Effects) -> None:
+        for m in (*fx.dead, *fx.removed):
+            self.settled.add(m.msg_id)
+        for d in fx.deliveries:
+            m = d.message
+            assert d.consumer_id in self.held, "delivered to a consumer that is not subscribed"
+            self._check_in_order(d.consumer_id, m)
+            self.held[d.consumer_id][d.delivery_id] = m.msg_id
+            self.deliveries_seen += 1
+
+    def _check_in_order(self, consumer: str, m: Message) -> None:
+        """Every earlier message of the group is settled or held by this same consumer."""
+        key = self.key_of[m.msg_id]
+        assert m.group == key
+        if key is None:
+            return
+        mine = set(self.held[consumer].values())
+        for other, pos in self.order.items():
+            if self.key_of[other] == key and pos < self.order[m.msg_id]:
+                assert other in self.settled or other in mine, (
+                    f"{m.msg_id} of {key} delivered to {consumer} before {other}"
+                )
+
+    @rule(group=st.sampled_from(GROUPS), closing=st.booleans())
+    def send(self, group: str | None, closing: bool) -> None:
+        headers = {} if group is None else {"JMSXGroupID": group}
+        if closing:
+            headers["JMSXGroupSeq"] = "-1"
+        msg_id = self.next_id
+        self.next_id += 1
+        key = self.q.group_key(headers)
+        self.key_of[msg_id] = key
+        self.order[msg_id] = self.per_key[key]
+        self.per_key[key] += 1
+        self.sent += 1
+        fx = Effects()
+        self.q.enqueue(Message(msg_id, "q", "q", b"", headers), self.now, fx)
+        self._apply(fx)
+
+    @rule(consumer=st.sampled_from(CONSUMERS), prefetch=st.integers(min_value=1, max_value=4))
+    def subscribe(self, consumer: str, prefetch: int) -> None:
+        if consumer in self.held:
+            return
+        self.held[consumer] = {}
+        self.prefetch[consumer] = prefetch
+        fx = Effects()
+        self.q.subscribe(consumer, consumer, prefetch, self.now, fx)
+        self._apply(fx)
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data())
+    def close(self, data: st.DataObject) -> None:
+        consumer = data.draw(st.sampled_from(sorted(self.held)))
+        del self.held[consumer]
+        fx = Effects()
+        self.q.close_consumer(consumer, self.now, fx)
+        self._apply(fx)
+
+    def _pick(self, data: st.DataObject) -> tuple[str, list[int]] | None:
+        busy = sorted(c for c, h in self.held.items() if h)
+        if not busy:
+            return None
+        consumer = data.draw(st.sampled_from(busy))
+        ids = sorted(self.held[consumer])
+        chosen = data.draw(st.lists(st.sampled_from(ids), min_size=1, max_size=3, unique=True))
+        return consumer, chosen
+
+    @rule(data=st.data())
+    def ack(self, data: st.DataObject) -> None:
+        picked = self._pick(data)
+        if picked:
+            consumer, ids = picked
+            for did in ids:
+                self.held[consumer].pop(did)
+            fx = Effects()
+            self.q.ack(consumer, ids, self.now, fx)
+            self._apply(fx)
+
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        picked = self._pick(data)
+        if picked:
+            consumer, ids = picked
+            fx = Effects()
+            self.q.release(consumer, ids, self.now, fx)
+            self._forget_returned(consumer)
+            self._apply(fx)
+
+    @rule(data=st.data())
+    def reject(self, data: st.DataObject) -> None:
+        picked = self._pick(data)
+        if picked:
+            consumer, ids = picked
+            for did in ids:
+                self.held[consumer].pop(did)
+            fx = Effects()
+            self.q.reject(consumer, ids, self.now, fx)
+            self._apply(fx)
+
+    @rule(group=st.sampled_from([None, "g0", "g1"]))
+    def reset(self, group: str | None) -> None:
+        known = {g.group for g in self.q.groups()}
+        if group is not None and group not in known:
+            return
+        fx = Effects()
+        self.q.reset_groups(group, self.now, fx)
+        self._apply(fx)
+
+    @rule(ms=st.integers(min_value=1, max_value=100))
+    def tick(self, ms: int) -> None:
+        self.now += ms * 1_000_000
+        fx = Effects()
+        self.q.tick(self.now, fx)
+        self._apply(fx)
+
+    def _forget_returned(self, consumer: str) -> None:
+        """Release may take back more than was named (the rest of the group): resync."""
+        still = {did for did, _ in self.q.unacked(consumer)}
+        self.held[consumer] = {d: m for d, m in self.held[consumer].items() if d in still}
+
+    # ---- invariants ---------------------------------------------------------------------
+
+    @invariant()
+    def ledger_matches_queue(self) -> None:
+        if not hasattr(self, "q"):
+            return
+        for consumer, held in self.held.items():
+            assert {d: m.msg_id for d, m in self.q.unacked(consumer)} == held
+            assert len(held) <= self.prefetch[consumer]
+        assert self.q.depth == self.sent - len(self.settled)
+
+    @invariant()
+    def one_consumer_per_group(self) -> None:
+        if not hasattr(self, "q"):
+            return
+        holders: dict[str, set[str]] = defaultdict(set)
+        for consumer, held in self.held.items():
+            for msg_id in held.values():
+                key = self.key_of[msg_id]
+                if key is not None:
+                    holders[key].add(consumer)
+        for key, who in holders.items():
+            assert len(who) == 1, f"group {key} is out at {who}"
+
+    @invariant()
+    def nothing_stuck(self) -> None:
+        """While dispatch runs, a consumer with credit never leaves deliverable work waiting."""
+        if not hasattr(self, "q") or not self.q._dispatching(self.now):
+            return
+        hungry = {c for c, h in self.held.items() if len(h) < self.prefetch[c]}
+        if not hungry:
+            return
+        assert not self.q._ungrouped, "ungrouped messages wait while a consumer has credit"
+        for info in self.q.groups():
+            if info.pending == 0:
+                continue
+            if info.owner is None:
+                raise AssertionError(f"unowned group {info.group} waits beside free credit")
+            detached = self.q._groups[info.group].detach
+            assert detached or info.owner not in hungry, f"{info.group} waits at {info.owner}"
+
+    def teardown(self) -> None:
+        """Liveness: a fresh consumer that acks everything drains the queue completely."""
+        if not hasattr(self, "q"):
+            return
+        for consumer in list(self.held):
+            del self.held[consumer]
+            fx = Effects()
+            self.q.close_consumer(consumer, self.now, fx)
+            self._apply(fx)
+        fx = Effects()
+        self.held["drain"], self.prefetch["drain"] = {}, 10_000
+        self.q.subscribe("drain", "drain", 10_000, self.now, fx)
+        self.held["helper"], self.prefetch["helper"] = {}, 1
+        self.q.subscribe("helper", "helper", 1, self.now, fx)  # consumers-before-dispatch: 2
+        self._apply(fx)
+        for _ in range(200):
+            if self.q.depth == 0:
+                break
+            for consumer in ("drain", "helper"):
+                ids = list(self.held[consumer])
+                self.held[consumer].clear()
+                fx = Effects()
+                self.q.ack(consumer, ids, self.now, fx)
+                self._apply(fx)
+        assert self.q.depth == 0
+        assert self.settled == set(self.key_of)
+
+
+QueueMachine.TestCase.settings = settings(
+    max_examples=1000,
+    stateful_step_count=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestQueueMachine = QueueMachine.TestCase
