@@ -12,7 +12,7 @@ from typing import Literal
 
 from broker.config import NodeConfig, QueueConfig
 from broker.message import Message
-from broker.queue import Effects, Queue, QueueError
+from broker.queue import Effects, NoSuchGroup, Queue, QueueError
 
 ORIGINAL_ADDRESS_HEADER = "_AMQ_ORIG_ADDRESS"
 ORIGINAL_QUEUE_HEADER = "_AMQ_ORIG_QUEUE"
@@ -40,6 +40,10 @@ class UnknownAddress(CoreError):
 
 class QueueExists(CoreError):
     code = "already_exists"
+
+
+class UnknownGroup(CoreError):
+    code = "not_found"
 
 
 @dataclass(slots=True)
@@ -88,6 +92,8 @@ class BrokerCore:
         a = self._addresses[q.address]
         a.queues.remove(name)
         a.pins = {k: v for k, v in a.pins.items() if v != name}
+        if not a.queues and a.name not in self.config.addresses:
+            del self._addresses[a.name]  # auto-created: the next send creates it again
         return fx
 
     def restore_queue(self, address: str, name: str, settings: QueueConfig) -> None:
@@ -115,11 +121,25 @@ class BrokerCore:
 
     # ---- messages ---------------------------------------------------------------------
 
+    def check_address(self, address: str) -> None:
+        """Raise unless a send to `address` would be routed to at least one queue."""
+        if not address:
+            raise InvalidRequest("address must not be empty")
+        a = self._addresses.get(address)
+        if a is not None:
+            if not a.queues:
+                raise UnknownAddress(f"address {address!r} has no queue to hold the message")
+            return
+        rules = self.config.settings_for(address)
+        if not (rules.auto_create_addresses and rules.auto_create_queues):
+            raise UnknownAddress(
+                f"address {address!r} does not exist and address-settings forbid auto-creating it"
+            )
+
     def send(
         self, address: str, body: bytes, headers: dict[str, str], persistent: bool, now_ns: int
     ) -> tuple[int, Effects]:
-        if not address:
-            raise InvalidRequest("address must not be empty")
+        self.check_address(address)
         fx = Effects()
         a = self._addresses.get(address) or self._auto_create(address, fx)
         msg_id = self._route(a, body, headers, persistent, now_ns, fx)
@@ -165,6 +185,8 @@ class BrokerCore:
         fx = Effects()
         try:
             op(q, fx)
+        except NoSuchGroup as err:
+            raise UnknownGroup(str(err)) from None
         except QueueError as err:
             raise InvalidRequest(str(err)) from None
         self._dead_letter(now_ns, fx)
@@ -182,11 +204,6 @@ class BrokerCore:
         return q
 
     def _auto_create(self, address: str, fx: Effects) -> _Address:
-        rules = self.config.settings_for(address)
-        if not (rules.auto_create_addresses and rules.auto_create_queues):
-            raise UnknownAddress(
-                f"address {address!r} does not exist and address-settings forbid auto-creating it"
-            )
         settings = self.config.queue_config_for(address)
         self._add_queue(address, address, settings)
         fx.queues_created.append((address, address, settings))
@@ -242,9 +259,10 @@ class BrokerCore:
             if not dla or dla == m.address:
                 continue
             try:
-                a = self._addresses.get(dla) or self._auto_create(dla, fx)
+                self.check_address(dla)
             except UnknownAddress:
                 continue
+            a = self._addresses.get(dla) or self._auto_create(dla, fx)
             headers = {
                 **m.headers,
                 ORIGINAL_ADDRESS_HEADER: m.address,

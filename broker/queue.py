@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import zlib
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from broker.config import QueueConfig
@@ -26,6 +26,10 @@ from broker.message import ALT_GROUP_ID_HEADER, GROUP_ID_HEADER, GROUP_SEQ_HEADE
 
 class QueueError(Exception):
     """A request the queue cannot honour; the message says why."""
+
+
+class NoSuchGroup(QueueError):
+    """The named group is not in the queue's group table."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -206,13 +210,12 @@ class Queue:
             self._first_consumer_ns = None
         self._pump(now_ns, fx)
 
-    def ack(self, consumer_id: str, delivery_ids: Iterable[int], now_ns: int, fx: Effects) -> None:
-        c = self._consumer(consumer_id)
+    def ack(self, consumer_id: str, delivery_ids: Sequence[int], now_ns: int, fx: Effects) -> None:
+        c = self._settling(consumer_id, delivery_ids)
         for did in delivery_ids:
             m = c.unacked.pop(did, None)
             if m is None:
-                self._check_stale(did)
-                continue
+                continue  # settled or returned already
             self._outstanding -= 1
             fx.removed.append(m)
             self._settle(m, now_ns)
@@ -220,19 +223,18 @@ class Queue:
         self._pump(now_ns, fx)
 
     def release(
-        self, consumer_id: str, delivery_ids: Iterable[int], now_ns: int, fx: Effects
+        self, consumer_id: str, delivery_ids: Sequence[int], now_ns: int, fx: Effects
     ) -> None:
         """Back to the head of the group, delivery count + 1.
 
         Every later message of the same group that the consumer still holds goes back with
         it, so the group is redelivered in order.
         """
-        c = self._consumer(consumer_id)
+        c = self._settling(consumer_id, delivery_ids)
         for did in sorted(delivery_ids):
             m = c.unacked.get(did)
             if m is None:
-                self._check_stale(did)
-                continue
+                continue  # settled or returned already
             if m.group is None:
                 back = [(did, m)]
             else:
@@ -242,15 +244,14 @@ class Queue:
         self._pump(now_ns, fx)
 
     def reject(
-        self, consumer_id: str, delivery_ids: Iterable[int], now_ns: int, fx: Effects
+        self, consumer_id: str, delivery_ids: Sequence[int], now_ns: int, fx: Effects
     ) -> None:
         """The consumer refuses the message: it goes to the dead-letter address or is dropped."""
-        c = self._consumer(consumer_id)
+        c = self._settling(consumer_id, delivery_ids)
         for did in delivery_ids:
             m = c.unacked.pop(did, None)
             if m is None:
-                self._check_stale(did)
-                continue
+                continue  # settled or returned already
             self._outstanding -= 1
             fx.dead.append(m)
             self._settle(m, now_ns)
@@ -264,7 +265,7 @@ class Queue:
         else:
             g = self._groups.get(group)
             if g is None:
-                raise QueueError(f"queue {self.name!r} has no group {group!r}")
+                raise NoSuchGroup(f"queue {self.name!r} has no group {group!r}")
             targets = [g] if g.owner is not None else []
         for g in targets:
             self._detach(g)
@@ -306,46 +307,55 @@ class Queue:
     def _pump(self, now_ns: int, fx: Effects) -> None:
         if not self._dispatching(now_ns):
             return
-        dirty, hungry, unowned, ungrouped = (
-            self._dirty,
-            self._hungry,
-            self._unowned,
-            self._ungrouped,
-        )
+        dirty, hungry = self._dirty, self._hungry
         while True:
             while dirty:
                 self._serve(dirty.popleft(), now_ns, fx)
-            if not hungry:
+            if not hungry or not self._give_shared(None, now_ns, fx):
                 return
-            g = self._head(unowned)
-            if g is None and not ungrouped:
-                return
-            if g is not None and (
-                not ungrouped or g.pending[0].msg_id <= ungrouped[0].msg_id  # type: ignore[index]
-            ):
-                unowned.popleft()
-                g.slot = None
-                c = min(hungry, key=_load)
-                c.groups.add(g)
-                g.owner = c
-                g.fresh = True
-                self._deliver_head(g, c, now_ns, fx)
-            else:
-                c = next(iter(hungry))
-                del hungry[c]
-                hungry[c] = None  # rotate: round robin over consumers for ungrouped messages
-                self._pending -= 1
-                self._deliver(c, None, ungrouped.popleft(), now_ns, fx)
 
     def _serve(self, c: _Consumer, now_ns: int, fx: Effects) -> None:
+        """Fill a consumer's credit, oldest first among its own groups and the shared work."""
         c.dirty = False
         while not c.closed and len(c.unacked) < c.prefetch:
             g = self._head(c.ready)
             if g is None:
                 return
+            if self._give_shared(g.pending[0].msg_id, now_ns, fx):  # type: ignore[index]
+                continue
             c.ready.popleft()
             g.slot = None
             self._deliver_head(g, c, now_ns, fx)
+
+    def _give_shared(self, older_than: int | None, now_ns: int, fx: Effects) -> bool:
+        """Hand out the oldest unowned group or ungrouped message, if older than `older_than`.
+
+        A new group goes to the consumer with the fewest groups among those with credit;
+        ungrouped messages go round robin. Returns whether anything was delivered.
+        """
+        hungry, ungrouped = self._hungry, self._ungrouped
+        g = self._head(self._unowned)
+        g_id = g.pending[0].msg_id if g is not None else None  # type: ignore[index]
+        u_id = ungrouped[0].msg_id if ungrouped else None
+        if g_id is not None and (u_id is None or g_id <= u_id):
+            if older_than is not None and g_id > older_than:
+                return False
+            self._unowned.popleft()
+            g.slot = None  # type: ignore[union-attr]
+            c = min(hungry, key=_load)
+            c.groups.add(g)  # type: ignore[arg-type]
+            g.owner = c  # type: ignore[union-attr]
+            g.fresh = True  # type: ignore[union-attr]
+            self._deliver_head(g, c, now_ns, fx)  # type: ignore[arg-type]
+            return True
+        if u_id is None or (older_than is not None and u_id > older_than):
+            return False
+        c = next(iter(hungry))
+        del hungry[c]
+        hungry[c] = None  # rotate: round robin over consumers for ungrouped messages
+        self._pending -= 1
+        self._deliver(c, None, ungrouped.popleft(), now_ns, fx)
+        return True
 
     def _deliver_head(self, g: _Group, c: _Consumer, now_ns: int, fx: Effects) -> None:
         pending = g.pending
@@ -497,10 +507,17 @@ class Queue:
             raise QueueError(f"queue {self.name!r} has no consumer {consumer_id!r}")
         return c
 
-    def _check_stale(self, delivery_id: int) -> None:
-        """Ids already settled or returned are ignored; ids never issued are an error."""
-        if not 0 < delivery_id < self._next_delivery:
-            raise QueueError(f"unknown delivery id {delivery_id} on queue {self.name!r}")
+    def _settling(self, consumer_id: str, delivery_ids: Sequence[int]) -> _Consumer:
+        """Check a whole settle request before touching anything, so it is all or nothing.
+
+        Ids already settled or returned are ignored (a release may take back later messages
+        of the group); ids never issued are an error.
+        """
+        c = self._consumer(consumer_id)
+        bad = [d for d in delivery_ids if not 0 < d < self._next_delivery]
+        if bad:
+            raise QueueError(f"unknown delivery id(s) {bad} on queue {self.name!r}")
+        return c
 
 
 def _load(c: _Consumer) -> int:

@@ -1,0 +1,242 @@
+"""The `pinmq` command: run a node, or talk to one (send, consume, inspect queues and groups).
+
+Errors print one line `pinmq: error: ...` and exit 1 (2 for usage and config errors). Progress
+bars appear only on a terminal, so piped output stays machine-readable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from broker.client import DEFAULT_URL, Client, PinmqError, Received
+
+Printer = Callable[[str], None]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pinmq", description="pinmq message broker")
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="COMMAND")
+
+    node = verbs.add_parser("node", help="run a broker node in the foreground")
+    node.add_argument("--config", required=True, metavar="FILE", help="node YAML config")
+
+    client = argparse.ArgumentParser(add_help=False)
+    client.add_argument(
+        "--url",
+        default=os.environ.get("PINMQ_URL", DEFAULT_URL),
+        help="host:port[,host:port...] (default: $PINMQ_URL or %(default)s)",
+    )
+
+    send = verbs.add_parser("send", parents=[client], help="send messages to an address")
+    send.add_argument("address")
+    grouping = send.add_mutually_exclusive_group()
+    grouping.add_argument("--group", metavar="G", help="put every message in group G")
+    grouping.add_argument("--auto-group", action="store_true", help="one random group")
+    source = send.add_mutually_exclusive_group(required=True)
+    source.add_argument("--body", metavar="TEXT", help="message body")
+    source.add_argument("--stdin", action="store_true", help="one message per stdin line")
+    send.add_argument("--count", type=_positive, default=1, help="send --body N times")
+    send.add_argument(
+        "--header", action="append", default=[], metavar="K=V", type=_header, help="repeatable"
+    )
+    send.add_argument("--non-persistent", action="store_true")
+
+    consume = verbs.add_parser("consume", parents=[client], help="receive and ack messages")
+    consume.add_argument("queue")
+    consume.add_argument("--count", type=_positive, help="stop after N messages")
+    consume.add_argument(
+        "--timeout",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="stop after S seconds without a message; 0 waits forever (default: %(default)s)",
+    )
+    consume.add_argument("--prefetch", type=int, default=100)
+    consume.add_argument("--name", help="consumer name shown by `pinmq groups`")
+    consume.add_argument("--json", action="store_true", help="one JSON object per message")
+
+    verbs.add_parser("queues", parents=[client], help="list queues")
+    groups = verbs.add_parser("groups", parents=[client], help="list the groups of a queue")
+    groups.add_argument("queue")
+    reset = verbs.add_parser("reset-groups", parents=[client], help="unpin groups of a queue")
+    reset.add_argument("queue")
+    reset.add_argument("--group", metavar="G", help="only this group (default: all)")
+    return parser
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def _header(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected K=V, got {text!r}")
+    return key, value
+
+
+@contextmanager
+def _progress(label: str, total: int | None) -> Iterator[tuple[Callable[[int], None], Printer]]:
+    """An advance(n) callback and a line printer; a progress bar only on a terminal."""
+    if not sys.stdout.isatty() or total == 1:
+        yield (lambda _n: None), print
+        return
+    with Progress(transient=True) as bar:
+        task = bar.add_task(label, total=total)
+        yield (
+            (lambda n: bar.advance(task, n)),
+            (lambda line: bar.console.print(line, markup=False, highlight=False)),
+        )
+
+
+# ---- client verbs ---------------------------------------------------------------------------
+
+
+async def _send(client: Client, args: argparse.Namespace) -> None:
+    producer = client.producer(
+        args.address,
+        group_id=args.group,
+        auto_group=args.auto_group,
+        persistent=not args.non_persistent,
+    )
+    headers = dict(args.header)
+    if args.stdin:
+        items: Any = ((line.rstrip("\n"), headers) for line in sys.stdin)
+        total = None
+    else:
+        items = ((args.body, headers) for _ in range(args.count))
+        total = args.count
+    with _progress(f"sending to {args.address}", total) as (advance, _):
+        ids = await producer.send_many(items, on_sent=advance)
+    group = f" in group {producer.group_id}" if producer.group_id else ""
+    print(f"sent {len(ids)} messages to {args.address}{group}")
+
+
+async def _consume(client: Client, args: argparse.Namespace) -> None:
+    prefetch = min(args.prefetch, args.count) if args.count else args.prefetch
+    timeout = args.timeout or None
+    received = 0
+    with _progress(f"consuming {args.queue}", args.count) as (advance, emit):
+        async with client.consumer(args.queue, name=args.name, prefetch=prefetch) as consumer:
+            while args.count is None or received < args.count:
+                message = await consumer.receive(timeout)
+                if message is None:
+                    break
+                emit(_json_line(message) if args.json else _text_line(message))
+                await message.ack()
+                received += 1
+                advance(1)
+    if not args.json:
+        print(f"received {received} messages from {args.queue}", file=sys.stderr)
+
+
+def _json_line(m: Received) -> str:
+    try:
+        body, encoding = m.body.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        body, encoding = base64.b64encode(m.body).decode("ascii"), "base64"
+    return json.dumps(
+        {
+            "msg_id": m.msg_id,
+            "queue": m.queue,
+            "group": m.group_id,
+            "group_seq": m.group_seq,
+            "delivery_count": m.delivery_count,
+            "headers": m.headers,
+            "body": body,
+            "encoding": encoding,
+        }
+    )
+
+
+def _text_line(m: Received) -> str:
+    group = f" group={m.group_id} seq={m.group_seq}" if m.group_id else ""
+    return f"#{m.msg_id}{group}: {m.body.decode('utf-8', 'replace')}"
+
+
+async def _queues(client: Client, _args: argparse.Namespace) -> None:
+    table = Table("queue", "address", "depth", "consumers", "settings")
+    for q in await client.queues():
+        s = q.settings
+        summary = f"{s['group_mode']}, buckets {s['group_buckets']}"
+        if s["group_rebalance"]:
+            summary += ", rebalance"
+        table.add_row(q.name, q.address, str(q.depth), str(q.consumer_count), summary)
+    Console().print(table)
+
+
+async def _groups(client: Client, args: argparse.Namespace) -> None:
+    table = Table("group", "owner", "pending", "outstanding", "last use")
+    now = datetime.now(UTC)
+    for g in await client.groups(args.queue):
+        owner = f"{g.owner_name} ({g.owner})" if g.owner else "-"
+        last = f"{(now - g.last_use).total_seconds():.1f}s ago" if g.last_use else "-"
+        table.add_row(g.group, owner, str(g.pending), str(g.outstanding), last)
+    Console().print(table)
+
+
+async def _reset_groups(client: Client, args: argparse.Namespace) -> None:
+    await client.reset_groups(args.queue, args.group)
+    which = f"group {args.group}" if args.group else "all groups"
+    print(f"reset {which} of {args.queue}")
+
+
+_VERBS = {
+    "send": _send,
+    "consume": _consume,
+    "queues": _queues,
+    "groups": _groups,
+    "reset-groups": _reset_groups,
+}
+
+
+async def _run_client(args: argparse.Namespace) -> None:
+    async with Client(args.url) as client:
+        await _VERBS[args.verb](client, args)
+
+
+def _run_node(config_path: str) -> int:
+    from broker.config import ConfigError, load_config
+    from broker.node import run_node
+
+    try:
+        config = load_config(config_path)
+    except ConfigError as err:
+        print(f"pinmq: error: invalid config {config_path}:", file=sys.stderr)
+        for problem in err.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 2
+    return run_node(config)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    if args.verb == "node":
+        sys.exit(_run_node(args.config))
+    try:
+        asyncio.run(_run_client(args))
+    except PinmqError as err:
+        print(f"pinmq: error: {err}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,287 @@
+"""The node process: the asyncio shell that owns the core, the store and the gRPC server.
+
+The node is the only writer of `BrokerCore`; every call happens on the event loop thread. Each
+core call returns `Effects`, which `apply` carries out: the store write starts at once, and
+deliveries reach consumer streams strictly in the order the core produced them, never before
+the messages they carry are on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections import deque
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from grpc import aio
+from grpc_health.v1 import health
+from pydantic import ValidationError
+
+from broker import logs
+from broker.config import NodeConfig, QueueConfig
+from broker.core import BrokerCore
+from broker.queue import Delivery, Effects
+from broker.store import Store, StoreError
+
+TICK_S = 0.05
+STORE_FILE = "store.db"
+log = logs.get("node")
+
+
+class StartupError(Exception):
+    """The node cannot start; the message names what (file, address) and why."""
+
+
+@dataclass(slots=True)
+class Receipt:
+    """Settled delivery ids, to be confirmed to the consumer once their outcome is stored."""
+
+    delivery_ids: list[int]
+
+
+@dataclass(slots=True, eq=False)
+class ConsumerStream:
+    """One subscribed consumer as the shells see it: its outbound queue and its end.
+
+    `outbound` holds lists of deliveries and receipts in the order they must be sent; the
+    transport drains it. `ended` completes (with a status code name and a reason) when the
+    node ends the subscription, e.g. because its queue was deleted.
+    """
+
+    consumer_id: str
+    queue: str
+    outbound: asyncio.Queue[list[Delivery] | Receipt] = field(default_factory=asyncio.Queue)
+    ended: asyncio.Future[tuple[str, str]] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+    def end(self, code: str, reason: str) -> None:
+        if not self.ended.done():
+            self.ended.set_result((code, reason))
+
+
+@dataclass(slots=True)
+class _Step:
+    """Deliveries (and a receipt) waiting for store writes before they may go out."""
+
+    gates: list[asyncio.Future[None]]
+    deliveries: list[Delivery]
+    receipt: tuple[ConsumerStream, Receipt] | None
+
+
+def _settings(settings: QueueConfig) -> dict[str, object]:
+    return settings.model_dump(mode="json", by_alias=True)
+
+
+def now_ns() -> int:
+    """Wall-clock time for the core: stored with messages, so it must survive a restart."""
+    return time.time_ns()
+
+
+class Node:
+    """One broker node: core + store + client gRPC server + timers."""
+
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.core = BrokerCore(config)
+        self.streams: dict[str, ConsumerStream] = {}
+        self.store_path = Path(config.node.data_dir) / STORE_FILE
+        self._store: Store | None = None
+        self._server: aio.Server | None = None
+        self._health: health.aio.HealthServicer | None = None
+        self._backlog: deque[_Step] = deque()
+        self._backlog_ready = asyncio.Event()
+        self._last_added: asyncio.Future[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.failed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+
+    @property
+    def store(self) -> Store:
+        assert self._store is not None, "node not started"
+        return self._store
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open and replay the store, then serve; raises StartupError naming the culprit."""
+        from broker.server import make_server, mark_serving  # server.py imports this module
+
+        try:
+            self.store_path.parent.mkdir(parents=True, exist_ok=True)
+            self._store = store = Store.open(self.store_path)
+            for address, name, settings in store.load_queues():
+                self.core.restore_queue(address, name, QueueConfig.model_validate(settings))
+            messages = store.load_messages()
+        except (StoreError, OSError, ValidationError) as err:
+            raise StartupError(f"cannot open store {self.store_path}: {err}") from None
+        orphans = self.core.restore_messages(messages, store.max_msg_id() + 1)
+        try:
+            self._server, self._health = make_server(self)
+        except OSError as err:
+            await self.store.close()
+            raise StartupError(str(err)) from None
+        await self._server.start()
+        await mark_serving(self._health)
+        self._tasks = [
+            asyncio.create_task(self._tick_loop(), name="tick"),
+            asyncio.create_task(self._backlog_loop(), name="deliver"),
+        ]
+        log.info(
+            "node started",
+            listen=self.config.listen.client,
+            store=str(self.store_path),
+            queues=len(self.core.queues()),
+            messages=len(messages) - orphans,
+            orphans=orphans,
+        )
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Stop accepting, end consumer streams, let running calls finish, close the store."""
+        log.info("node stopping")
+        if self._health is not None:
+            await self._health.enter_graceful_shutdown()
+        for stream in list(self.streams.values()):
+            stream.end("UNAVAILABLE", "the node is shutting down")
+        if self._server is not None:
+            await self._server.stop(grace_s)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._store is not None:
+            await self._store.close()
+        log.info("node stopped")
+
+    def fail(self, err: BaseException) -> None:
+        """A fault the node cannot serve through (a store write failed): it must stop."""
+        if not self.failed.done():
+            log.error("fatal error, stopping", error=str(err))
+            self.failed.set_result(err)
+
+    # ---- effects --------------------------------------------------------------------------
+
+    def apply(
+        self, fx: Effects, receipt: tuple[ConsumerStream, Receipt] | None = None
+    ) -> asyncio.Future[None] | None:
+        """Carry out what a core call asked for; returns its store write, if there is one.
+
+        Await the returned future before confirming the operation to a client.
+        """
+        for address, name, settings in fx.queues_created:
+            if settings.durable:
+                self._watch(self.store.save_queue(address, name, _settings(settings)))
+        added = [m for m in fx.added if m.persistent]
+        removed = [m for m in fx.removed if m.persistent]
+        updated = [m for m in fx.updated if m.persistent]
+        write = None
+        if added or removed or updated:
+            write = self._watch(self.store.write(added=added, removed=removed, updated=updated))
+            if added:
+                self._last_added = write
+        if not fx.deliveries and receipt is None:
+            return write
+        # A delivered message may come from any earlier send: wait for the latest add.
+        gates = [f for f in (self._last_added, write if receipt else None) if f and not f.done()]
+        if not gates and not self._backlog:
+            self._push(fx.deliveries, receipt)
+        else:
+            self._backlog.append(_Step(gates, fx.deliveries, receipt))
+            self._backlog_ready.set()
+        return write
+
+    def _watch(self, write: Coroutine[Any, Any, None]) -> asyncio.Future[None]:
+        """Start a store call now (it joins the next group commit); its failure is fatal."""
+        future = asyncio.ensure_future(write)
+        future.add_done_callback(self._check_write)
+        return future
+
+    def _check_write(self, future: asyncio.Future[None]) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            self.fail(future.exception())  # type: ignore[arg-type]
+
+    def _push(
+        self, deliveries: list[Delivery], receipt: tuple[ConsumerStream, Receipt] | None
+    ) -> None:
+        streams = self.streams
+        if deliveries:
+            first = deliveries[0].consumer_id
+            if all(d.consumer_id == first for d in deliveries):
+                if (stream := streams.get(first)) is not None:
+                    stream.outbound.put_nowait(deliveries)
+            else:
+                per: dict[str, list[Delivery]] = {}
+                for d in deliveries:
+                    per.setdefault(d.consumer_id, []).append(d)
+                for consumer_id, batch in per.items():
+                    if (stream := streams.get(consumer_id)) is not None:
+                        stream.outbound.put_nowait(batch)
+        # A consumer that is gone had its deliveries returned to the queue by close_consumer.
+        if receipt is not None and receipt[0].consumer_id in streams:
+            receipt[0].outbound.put_nowait(receipt[1])
+
+    async def _backlog_loop(self) -> None:
+        backlog = self._backlog
+        while True:
+            await self._backlog_ready.wait()
+            self._backlog_ready.clear()
+            while backlog:
+                step = backlog[0]
+                for gate in step.gates:
+                    try:
+                        await gate
+                    except Exception:
+                        return  # the node fails: nothing more goes out
+                backlog.popleft()
+                self._push(step.deliveries, step.receipt)
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            self.apply(self.core.tick(now_ns()))
+
+    # ---- consumers and queues ----------------------------------------------------------------
+
+    def end_consumers(self, queue: str, code: str, reason: str) -> None:
+        for stream in list(self.streams.values()):
+            if stream.queue == queue:
+                stream.end(code, reason)
+
+    async def create_queue(self, address: str, name: str, settings: QueueConfig) -> None:
+        self.core.create_queue(address, name, settings)
+        if settings.durable:
+            await self._watch(self.store.save_queue(address, name, _settings(settings)))
+
+    async def delete_queue(self, name: str) -> int:
+        """Delete a queue and its messages; its consumers' streams end with NOT_FOUND."""
+        removed = len(self.core.delete_queue(name).removed)
+        self.end_consumers(name, "NOT_FOUND", f"queue {name!r} was deleted")
+        await self._watch(self.store.delete_queue(name))  # drops its stored messages too
+        return removed
+
+
+async def serve(config: NodeConfig) -> int:
+    """Run a node until SIGTERM/SIGINT (exit 0) or a fatal error (exit 1)."""
+    loop = asyncio.get_running_loop()
+    node = Node(config)
+    try:
+        await node.start()
+    except StartupError as err:
+        log.error("cannot start node", error=str(err))
+        return 1
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([stopping, node.failed], return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    await node.stop()
+    return 1 if node.failed.done() else 0
+
+
+def run_node(config: NodeConfig) -> int:
+    """Entry point of `pinmq node`: configure logging, serve, return the exit code."""
+    logs.configure(config.node.id, config.log.level, config.log.format)
+    return asyncio.run(serve(config))

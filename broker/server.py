@@ -1,0 +1,411 @@
+"""The client-facing gRPC shell: translates `pinmq.client.v1` calls to core calls and back.
+
+Handlers validate, call the core synchronously, hand the Effects to the node and await only the
+store write that confirms the request. Consumer streams are written by one task per consumer
+that packs everything queued for it into as few messages as possible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import uuid
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import grpc
+from grpc import aio
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from pydantic import ValidationError
+
+from broker.config import QueueConfig
+from broker.core import CoreError
+from broker.node import ConsumerStream, Receipt, now_ns
+from broker.pb import client_pb2 as pb
+from broker.pb import client_pb2_grpc as pb_grpc
+from broker.queue import Delivery, Effects
+from broker.store import StoreError
+
+if TYPE_CHECKING:
+    from broker.node import Node
+
+PACK_BYTES = 1 << 20  # a Deliveries message is cut after this many body bytes
+FRAME_SLACK = 1 << 20  # gRPC receive limit = max-message-size + this (batches, headers)
+_NULLABLE = frozenset(("group_first_key", "default_group", "dead_letter_address"))
+_SETTINGS_FIELDS = tuple(f.name for f in pb.QueueSettings.DESCRIPTOR.fields)
+_SERVICES = ("pinmq.client.v1.Broker", "pinmq.client.v1.Admin")
+
+
+class _Refused(Exception):
+    """A request refused before it reached the core."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _status(err: CoreError) -> grpc.StatusCode:
+    return grpc.StatusCode[err.code.upper()]
+
+
+async def _abort(context: aio.ServicerContext, err: Exception) -> NoReturn:
+    """End the call with the status that `err` stands for; unexpected errors propagate."""
+    if isinstance(err, _Refused):
+        await context.abort(err.code, str(err))
+    if isinstance(err, CoreError):
+        await context.abort(_status(err), str(err))
+    if isinstance(err, StoreError):
+        await context.abort(grpc.StatusCode.UNAVAILABLE, f"store write failed: {err}")
+    raise err
+
+
+def make_server(node: Node) -> tuple[aio.Server, health.aio.HealthServicer]:
+    """A gRPC server with the Broker, Admin and health services, bound to listen.client."""
+    limit = node.config.limits.max_message_size
+    server = aio.server(
+        options=[
+            ("grpc.max_receive_message_length", limit + FRAME_SLACK),
+            ("grpc.so_reuseport", 0),  # a second node on the same port must fail, not share
+        ]
+    )
+    pb_grpc.add_BrokerServicer_to_server(BrokerService(node), server)
+    pb_grpc.add_AdminServicer_to_server(AdminService(node), server)
+    health_service = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_service, server)
+    address = node.config.listen.client
+    try:
+        server.add_insecure_port(address)
+    except RuntimeError:
+        raise OSError(f"cannot listen on {address} (in use or not a local address)") from None
+    return server, health_service
+
+
+async def mark_serving(health_service: health.aio.HealthServicer) -> None:
+    """Report SERVING for the server as a whole and for each pinmq service."""
+    for service in ("", *_SERVICES):
+        await health_service.set(service, health_pb2.HealthCheckResponse.SERVING)
+
+
+# ---- producing and consuming ------------------------------------------------------------------
+
+
+class BrokerService(pb_grpc.BrokerServicer):
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.max_size = node.config.limits.max_message_size
+
+    def _check(self, messages: list[pb.Message]) -> None:
+        for i, m in enumerate(messages):
+            which = f"message {i} of the batch" if len(messages) > 1 else "message"
+            if not m.address:
+                raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{which}: empty address")
+            size = m.ByteSize()
+            if size > self.max_size:
+                raise _Refused(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{which}: {size} bytes exceeds the max-message-size of {self.max_size} bytes",
+                )
+
+    def _send(
+        self, messages: Iterable[pb.Message]
+    ) -> tuple[list[int], asyncio.Future[None] | None]:
+        """Validate every message, then enqueue them all: all or nothing."""
+        messages = list(messages)
+        self._check(messages)
+        core = self.node.core
+        for address in {m.address for m in messages}:
+            core.check_address(address)  # before the batch touches the core: all or nothing
+        now = now_ns()
+        ids = []
+        total = Effects()
+        for m in messages:
+            msg_id, fx = core.send(m.address, m.body, _dict(m.headers), m.persistent, now)
+            ids.append(msg_id)
+            _merge(total, fx)
+        return ids, self.node.apply(total)
+
+    async def Send(self, request: pb.SendRequest, context: aio.ServicerContext) -> pb.SendResponse:
+        try:
+            ids, write = self._send((request.message,))
+            if write is not None:
+                await write
+        except Exception as err:
+            await _abort(context, err)
+        return pb.SendResponse(msg_id=ids[0])
+
+    async def SendBatch(
+        self, request: pb.SendBatchRequest, context: aio.ServicerContext
+    ) -> pb.SendBatchResponse:
+        try:
+            ids, write = self._send(request.messages)
+            if write is not None:
+                await write
+        except Exception as err:
+            await _abort(context, err)
+        return pb.SendBatchResponse(msg_ids=ids)
+
+    async def SendStream(
+        self, request_iterator: AsyncIterator[pb.SendBatchRequest], context: aio.ServicerContext
+    ) -> AsyncIterator[pb.SendResult]:
+        """Batches are enqueued as they arrive; results follow in order as writes complete."""
+        Pending = tuple[int, list[int], asyncio.Future[None] | None] | pb.SendResult
+        results: asyncio.Queue[Pending | None] = asyncio.Queue()
+
+        async def take() -> None:
+            try:
+                for n in itertools.count():
+                    request = await anext(request_iterator, None)
+                    if request is None:
+                        return
+                    try:
+                        results.put_nowait((n, *self._send(request.messages)))
+                    except (_Refused, CoreError) as err:
+                        code = err.code if isinstance(err, _Refused) else _status(err)
+                        results.put_nowait(
+                            pb.SendResult(batch=n, error_code=code.name, error_message=str(err))
+                        )
+            finally:
+                results.put_nowait(None)
+
+        reader = asyncio.create_task(take())
+        try:
+            while (item := await results.get()) is not None:
+                if isinstance(item, pb.SendResult):
+                    yield item
+                    continue
+                n, ids, write = item
+                try:
+                    if write is not None:
+                        await write
+                except StoreError as err:
+                    yield pb.SendResult(batch=n, error_code="UNAVAILABLE", error_message=str(err))
+                    continue
+                yield pb.SendResult(batch=n, msg_ids=ids)
+            await reader
+        finally:
+            reader.cancel()
+
+    async def Consume(
+        self, request_iterator: AsyncIterator[pb.ConsumeRequest], context: aio.ServicerContext
+    ) -> None:
+        node, core = self.node, self.node.core
+        first = await context.read()
+        if first is aio.EOF:
+            return
+        if first.WhichOneof("kind") != "subscribe":
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "the first message must be a Subscribe"
+            )
+        sub = first.subscribe
+        if sub.prefetch <= 0:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"prefetch must be > 0, got {sub.prefetch}"
+            )
+        consumer_id = f"c-{uuid.uuid4().hex[:12]}"
+        try:
+            fx = core.subscribe(sub.queue, consumer_id, sub.consumer_name, sub.prefetch, now_ns())
+        except CoreError as err:
+            await _abort(context, err)
+        stream = ConsumerStream(consumer_id, sub.queue)
+        node.streams[consumer_id] = stream
+        tasks: list[asyncio.Task[Any]] = []
+        try:
+            node.apply(fx)
+            await context.write(
+                pb.ConsumeResponse(subscribed=pb.Subscribed(consumer_id=consumer_id))
+            )
+            tasks = [
+                asyncio.create_task(self._settle_loop(context, stream)),
+                asyncio.create_task(self._write_loop(context, stream)),
+            ]
+            await asyncio.wait([*tasks, stream.ended], return_when=asyncio.FIRST_COMPLETED)
+            if stream.ended.done():
+                code, reason = stream.ended.result()
+                await context.abort(grpc.StatusCode[code], reason)
+            for task in tasks:
+                if task.done() and task.exception() is not None:
+                    await _abort(context, task.exception())  # type: ignore[arg-type]
+        finally:
+            for task in tasks:
+                task.cancel()
+            del node.streams[consumer_id]
+            node.apply(core.close_consumer(sub.queue, consumer_id, now_ns()))
+
+    async def _settle_loop(self, context: aio.ServicerContext, stream: ConsumerStream) -> None:
+        """Reads settles until the client half-closes; a refused settle ends the stream."""
+        node, core = self.node, self.node.core
+        ops = {"ack": core.ack, "release": core.release, "reject": core.reject}
+        while (request := await context.read()) is not aio.EOF:
+            kind = request.WhichOneof("kind")
+            if kind not in ops:
+                raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"unexpected {kind} message")
+            settle = getattr(request, kind)
+            ids = list(settle.delivery_ids)
+            fx = ops[kind](stream.queue, stream.consumer_id, ids, now_ns())
+            node.apply(fx, (stream, Receipt(ids)) if settle.want_receipt else None)
+
+    async def _write_loop(self, context: aio.ServicerContext, stream: ConsumerStream) -> None:
+        """Drains the outbound queue: all deliveries ready at once go out in one message."""
+        outbound = stream.outbound
+        while True:
+            items = [await outbound.get()]
+            while not outbound.empty():
+                items.append(outbound.get_nowait())
+            try:
+                first_key = self.node.core.queue(stream.queue).settings.group_first_key
+            except CoreError:
+                return
+            for response in _pack(items, first_key):
+                await context.write(response)
+
+
+def _pack(items: list[list[Delivery] | Receipt], first_key: str | None) -> list[pb.ConsumeResponse]:
+    """Everything queued for a consumer, as few messages as the size cap allows, in order."""
+    out: list[pb.ConsumeResponse] = []
+    current: pb.ConsumeResponse | None = None
+    size = 0
+    for item in items:
+        if isinstance(item, Receipt):
+            current = None
+            out.append(pb.ConsumeResponse(settled=pb.Settled(delivery_ids=item.delivery_ids)))
+            continue
+        for d in item:
+            if current is None or size >= PACK_BYTES:
+                current, size = pb.ConsumeResponse(), 0
+                out.append(current)
+                add = current.deliveries.deliveries.add
+            m = d.message
+            headers = m.headers
+            if d.first_in_group and first_key is not None:
+                headers = {**headers, first_key: "true"}
+            add(
+                delivery_id=d.delivery_id,
+                msg_id=m.msg_id,
+                address=m.address,
+                queue=m.queue,
+                body=m.body,
+                headers=headers,
+                delivery_count=m.delivery_count + 1,
+                group_id=m.group or "",
+                group_seq=m.group_seq,
+                persistent=m.persistent,
+            )
+            size += len(m.body)
+    return out
+
+
+def _dict(headers: Mapping[str, str]) -> dict[str, str]:
+    """A protobuf map as a dict (several times faster than dict(map))."""
+    return {k: headers[k] for k in headers}
+
+
+def _merge(total: Effects, fx: Effects) -> None:
+    total.deliveries += fx.deliveries
+    total.added += fx.added
+    total.removed += fx.removed
+    total.updated += fx.updated
+    total.queues_created += fx.queues_created
+
+
+# ---- administration ---------------------------------------------------------------------------
+
+
+class AdminService(pb_grpc.AdminServicer):
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    async def CreateQueue(
+        self, request: pb.CreateQueueRequest, context: aio.ServicerContext
+    ) -> pb.CreateQueueResponse:
+        if not request.queue or not request.address:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "address and queue must not be empty"
+            )
+        base = self.node.config.queue_config_for(request.address).model_dump()
+        try:
+            settings = QueueConfig.model_validate({**base, **_settings_values(request.settings)})
+        except ValidationError as err:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']).replace('_', '-')}: {e['msg']}"
+                for e in err.errors()
+            )
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid settings: {problems}")
+        try:
+            await self.node.create_queue(request.address, request.queue, settings)
+        except Exception as err:
+            await _abort(context, err)
+        return pb.CreateQueueResponse()
+
+    async def DeleteQueue(
+        self, request: pb.DeleteQueueRequest, context: aio.ServicerContext
+    ) -> pb.DeleteQueueResponse:
+        try:
+            removed = await self.node.delete_queue(request.queue)
+        except Exception as err:
+            await _abort(context, err)
+        return pb.DeleteQueueResponse(removed_messages=removed)
+
+    async def ListQueues(
+        self, request: pb.ListQueuesRequest, context: aio.ServicerContext
+    ) -> pb.ListQueuesResponse:
+        return pb.ListQueuesResponse(
+            queues=[
+                pb.QueueInfo(
+                    name=q.name,
+                    address=q.address,
+                    depth=q.depth,
+                    consumer_count=q.consumer_count,
+                    settings=_settings_pb(q.settings),
+                )
+                for q in self.node.core.queues()
+            ]
+        )
+
+    async def ListGroups(
+        self, request: pb.ListGroupsRequest, context: aio.ServicerContext
+    ) -> pb.ListGroupsResponse:
+        try:
+            groups = self.node.core.queue(request.queue).groups()
+        except CoreError as err:
+            await _abort(context, err)
+        return pb.ListGroupsResponse(
+            groups=[
+                pb.GroupInfo(
+                    group=g.group,
+                    owner_consumer_id=g.owner or "",
+                    owner_name=g.owner_name or "",
+                    pending=g.pending,
+                    outstanding=g.outstanding,
+                    last_use_unix_ms=g.last_use_ns // 1_000_000,
+                )
+                for g in groups
+            ]
+        )
+
+    async def ResetGroups(
+        self, request: pb.ResetGroupsRequest, context: aio.ServicerContext
+    ) -> pb.ResetGroupsResponse:
+        group = request.group if request.HasField("group") else None
+        try:
+            write = self.node.apply(self.node.core.reset_groups(request.queue, group, now_ns()))
+            if write is not None:
+                await write
+        except Exception as err:
+            await _abort(context, err)
+        return pb.ResetGroupsResponse()
+
+
+def _settings_values(settings: pb.QueueSettings) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for name in _SETTINGS_FIELDS:
+        if settings.HasField(name):
+            value = getattr(settings, name)
+            values[name] = None if name in _NULLABLE and value == "" else value
+    return values
+
+
+def _settings_pb(settings: QueueConfig) -> pb.QueueSettings:
+    values = {name: getattr(settings, name) for name in _SETTINGS_FIELDS}
+    return pb.QueueSettings(
+        **{k: ("" if v is None and k in _NULLABLE else v) for k, v in values.items()}
+    )
