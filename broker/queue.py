@@ -211,16 +211,7 @@ class Queue:
         self._pump(now_ns, fx)
 
     def ack(self, consumer_id: str, delivery_ids: Sequence[int], now_ns: int, fx: Effects) -> None:
-        c = self._settling(consumer_id, delivery_ids)
-        for did in delivery_ids:
-            m = c.unacked.pop(did, None)
-            if m is None:
-                continue  # settled or returned already
-            self._outstanding -= 1
-            fx.removed.append(m)
-            self._settle(m, now_ns)
-        self._refill(c)
-        self._pump(now_ns, fx)
+        self._finish(consumer_id, delivery_ids, now_ns, fx, fx.removed)
 
     def release(
         self, consumer_id: str, delivery_ids: Sequence[int], now_ns: int, fx: Effects
@@ -247,13 +238,24 @@ class Queue:
         self, consumer_id: str, delivery_ids: Sequence[int], now_ns: int, fx: Effects
     ) -> None:
         """The consumer refuses the message: it goes to the dead-letter address or is dropped."""
+        self._finish(consumer_id, delivery_ids, now_ns, fx, fx.dead)
+
+    def _finish(
+        self,
+        consumer_id: str,
+        delivery_ids: Sequence[int],
+        now_ns: int,
+        fx: Effects,
+        into: list[Message],
+    ) -> None:
+        """Take delivered messages from their consumer for good (acked or rejected)."""
         c = self._settling(consumer_id, delivery_ids)
         for did in delivery_ids:
             m = c.unacked.pop(did, None)
             if m is None:
                 continue  # settled or returned already
             self._outstanding -= 1
-            fx.dead.append(m)
+            into.append(m)
             self._settle(m, now_ns)
         self._refill(c)
         self._pump(now_ns, fx)
