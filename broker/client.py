@@ -136,7 +136,12 @@ class Received:
         await self._settle("ack", wait)
 
     async def release(self, wait: bool = False) -> None:
-        """Give it back: it is redelivered first in its group, delivery count + 1."""
+        """Give it back: it is redelivered first in its group, delivery count + 1.
+
+        The server takes back every later message of the group this consumer holds, so the
+        group is redelivered in order: those still buffered here are dropped, and settling
+        one already handed out is ignored by the server.
+        """
         await self._settle("release", wait)
 
     async def reject(self, wait: bool = False) -> None:
@@ -150,6 +155,8 @@ class Received:
             )
         self._settled = True
         receipt = self._consumer.settle(kind, [self.delivery_id], wait)
+        if kind == "release":
+            self._consumer._drop_returned([self])
         if receipt is not None:
             await receipt
 
@@ -523,7 +530,7 @@ class Consumer:
     async def _settle_many(
         self, kind: SettleKind, messages: Iterable[Received], wait: bool
     ) -> None:
-        ids = []
+        ids, chosen = [], []
         for m in messages:
             if m._settled:
                 raise PinmqError(
@@ -531,7 +538,10 @@ class Consumer:
                 )
             m._settled = True
             ids.append(m.delivery_id)
+            chosen.append(m)
         receipt = self.settle(kind, ids, wait)
+        if kind == "release":
+            self._drop_returned(chosen)
         if receipt is not None:
             await receipt
 
@@ -550,6 +560,22 @@ class Consumer:
         loop = asyncio.get_running_loop()
         futures = [self._receipts.setdefault(i, loop.create_future()) for i in delivery_ids]
         return asyncio.gather(*futures)
+
+    def _drop_returned(self, released: Iterable[Received]) -> None:
+        """Forget buffered messages the server took back with a release of their group."""
+        since: dict[str, int] = {}
+        for m in released:
+            if m.group_id is not None:
+                since[m.group_id] = min(since.get(m.group_id, m.delivery_id), m.delivery_id)
+        if not since:
+            return
+        kept: deque[Received] = deque()
+        for m in self._buffer:
+            if m.group_id in since and m.delivery_id > since[m.group_id]:
+                m._settled = True
+            else:
+                kept.append(m)
+        self._buffer = kept
 
     async def close(self) -> None:
         """Flush pending settles and unsubscribe; unsettled messages go back to the queue."""

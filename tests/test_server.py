@@ -115,6 +115,22 @@ async def test_release_redelivers_group_in_order(url: str) -> None:
         assert [x.depth for x in await client.queues() if x.name == q] == [0]
 
 
+async def test_release_drops_buffered_later_messages_of_the_group(url: str) -> None:
+    """Messages still buffered in the client come back with the release, not twice."""
+    q = unique()
+    async with Client(url) as client:
+        await client.producer(q, group_id="g").send_batch([b"1", b"2", b"3"])
+        async with client.consumer(q, prefetch=10) as consumer:
+            first = await consumer.receive(5)
+            assert first is not None and first.body == b"1"
+            await first.release(wait=True)
+            again = await _drain(consumer, 3)
+            assert [(m.body, m.delivery_count) for m in again] == [(b"1", 2), (b"2", 2), (b"3", 2)]
+            await consumer.ack_many(again, wait=True)
+            assert await consumer.receive(0.5) is None
+        assert [x.depth for x in await client.queues() if x.name == q] == [0]
+
+
 async def test_reject_moves_to_dead_letter_address(url: str) -> None:
     q, dla = unique(), unique("dla")
     async with Client(url) as client:
