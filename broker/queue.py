@@ -139,7 +139,7 @@ class Queue:
         ]
 
     def consumer_groups(self, consumer_id: str) -> list[str]:
-        return [g.key for g in self._consumer(consumer_id).groups]
+        return sorted(g.key for g in self._consumer(consumer_id).groups)
 
     def unacked(self, consumer_id: str) -> list[tuple[int, Message]]:
         return list(self._consumer(consumer_id).unacked.items())
@@ -203,7 +203,7 @@ class Queue:
         c.closed = True
         self._hungry.pop(c, None)
         self._return(c, list(c.unacked.items()), now_ns, fx)
-        for g in list(c.groups):
+        for g in sorted(c.groups, key=_key):  # sets iterate by address: keep it deterministic
             self._unpin(g)
         if not self._consumers:
             self._started = False
@@ -466,7 +466,7 @@ class Queue:
                 g.pending = deque(msgs)
             else:
                 g.pending.extendleft(reversed(msgs))
-        touched = {self._groups[m.group] for _, m in back if m.group is not None}
+        touched = dict.fromkeys(self._groups[m.group] for _, m in back if m.group is not None)
         for g in touched:
             g.last_use_ns = now_ns
             if g.outstanding == 0 and (g.detach or self.settings.group_mode == "shared"):
@@ -524,6 +524,10 @@ class Queue:
 
 def _load(c: _Consumer) -> int:
     return len(c.groups)
+
+
+def _key(g: _Group) -> str:
+    return g.key
 
 
 def _parse_seq(raw: str | None) -> int:
