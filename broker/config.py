@@ -157,6 +157,23 @@ class LimitsSection(Strict):
     max_message_size: int = Field(default=10 * 1024 * 1024, gt=0)
 
 
+class StompSection(Strict):
+    """STOMP listener limits and defaults (its address is `listen.stomp`).
+
+    A frame breaking a limit gets an ERROR frame naming it and the connection is closed.
+    """
+
+    max_frame_size: int = Field(default=10 * 1024 * 1024, gt=0)
+    max_headers: int = Field(default=1000, gt=0)
+    max_header_size: int = Field(default=64 * 1024, gt=0)
+    # SUBSCRIBE without activemq.prefetchSize / prefetch-count (ActiveMQ's queue prefetch).
+    default_prefetch: int = Field(default=1000, gt=0)
+    # Shortest heart-beat interval offered either way; 0 turns heart-beats off.
+    heart_beat_ms: int = Field(default=1000, ge=0)
+    # A connection that has not sent CONNECT by then is closed.
+    connect_timeout_ms: int = Field(default=10_000, gt=0)
+
+
 class LogSection(Strict):
     """Logging; format `auto` picks console on a terminal and json otherwise."""
 
@@ -176,6 +193,7 @@ class NodeConfig(Strict):
     addresses: dict[str, AddressConfig] = Field(default_factory=dict)
     address_settings: dict[str, AddressSettings] = Field(default_factory=_default_address_settings)
     limits: LimitsSection = Field(default_factory=LimitsSection)
+    stomp: StompSection = Field(default_factory=StompSection)
     log: LogSection = Field(default_factory=LogSection)
 
     @field_validator("addresses")

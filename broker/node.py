@@ -1,9 +1,9 @@
-"""The node process: the asyncio shell that owns the core, the store and the gRPC server.
+"""The node process: the asyncio shell that owns the core, the store and the gRPC and STOMP servers.
 
 The node is the only writer of `BrokerCore`; every call happens on the event loop thread. Each
 core call returns `Effects`, which `apply` carries out: the store write starts at once, and
 deliveries reach consumer streams strictly in the order the core produced them, never before
-the messages they carry are on disk.
+the messages they carry are on disk (each waits for the write that adds its own message).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpc import aio
 from grpc_health.v1 import health
@@ -24,8 +24,12 @@ from pydantic import ValidationError
 from broker import logs
 from broker.config import NodeConfig, QueueConfig
 from broker.core import BrokerCore
+from broker.message import Message
 from broker.queue import Delivery, Effects
 from broker.store import Store, StoreError
+
+if TYPE_CHECKING:
+    from broker.stomp.server import StompServer
 
 TICK_S = 0.05
 STORE_FILE = "store.db"
@@ -83,7 +87,7 @@ def now_ns() -> int:
 
 
 class Node:
-    """One broker node: core + store + client gRPC server + timers."""
+    """One broker node: core + store + client gRPC server + STOMP listener + timers."""
 
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
@@ -93,9 +97,10 @@ class Node:
         self._store: Store | None = None
         self._server: aio.Server | None = None
         self._health: health.aio.HealthServicer | None = None
+        self._stomp: StompServer | None = None
         self._backlog: deque[_Step] = deque()
         self._backlog_ready = asyncio.Event()
-        self._last_added: asyncio.Future[None] | None = None
+        self._unwritten: dict[int, asyncio.Future[None]] = {}  # msg id -> write that adds it
         self._tasks: list[asyncio.Task[None]] = []
         self.failed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
 
@@ -109,6 +114,7 @@ class Node:
     async def start(self) -> None:
         """Open and replay the store, then serve; raises StartupError naming the culprit."""
         from broker.server import make_server, mark_serving  # server.py imports this module
+        from broker.stomp.server import StompServer  # so does the STOMP shell
 
         try:
             self.store_path.parent.mkdir(parents=True, exist_ok=True)
@@ -121,7 +127,11 @@ class Node:
         orphans = self.core.restore_messages(messages, store.max_msg_id() + 1)
         try:
             self._server, self._health = make_server(self)
+            self._stomp = StompServer(self)
+            await self._stomp.start()
         except OSError as err:
+            if self._server is not None:
+                await self._server.stop(None)
             await self.store.close()
             raise StartupError(str(err)) from None
         await self._server.start()
@@ -133,6 +143,7 @@ class Node:
         log.info(
             "node started",
             listen=self.config.listen.client,
+            stomp=self.config.listen.stomp,
             store=str(self.store_path),
             queues=len(self.core.queues()),
             messages=len(messages) - orphans,
@@ -146,6 +157,8 @@ class Node:
             await self._health.enter_graceful_shutdown()
         for stream in list(self.streams.values()):
             stream.end("UNAVAILABLE", "the node is shutting down")
+        if self._stomp is not None:
+            await self._stomp.stop(grace_s)
         if self._server is not None:
             await self._server.stop(grace_s)
         for task in self._tasks:
@@ -180,17 +193,34 @@ class Node:
         if added or removed or updated:
             write = self._watch(self.store.write(added=added, removed=removed, updated=updated))
             if added:
-                self._last_added = write
+                self._track(added, write)
         if not fx.deliveries and receipt is None:
             return write
-        # A delivered message may come from any earlier send: wait for the latest add.
-        gates = [f for f in (self._last_added, write if receipt else None) if f and not f.done()]
+        # A delivery waits only for the write that adds its own message (from any earlier send).
+        unwritten = self._unwritten
+        waits = {unwritten.get(d.message.msg_id) for d in fx.deliveries} if unwritten else set()
+        if receipt is not None:
+            waits.add(write)
+        gates = [f for f in waits if f is not None and not f.done()]
         if not gates and not self._backlog:
             self._push(fx.deliveries, receipt)
         else:
             self._backlog.append(_Step(gates, fx.deliveries, receipt))
             self._backlog_ready.set()
         return write
+
+    def _track(self, added: list[Message], write: asyncio.Future[None]) -> None:
+        """Remember which write makes each added message durable, until it has."""
+        unwritten = self._unwritten
+        for m in added:
+            unwritten[m.msg_id] = write
+
+        def written(_: asyncio.Future[None]) -> None:
+            for m in added:
+                if unwritten.get(m.msg_id) is write:
+                    del unwritten[m.msg_id]
+
+        write.add_done_callback(written)
 
     def _watch(self, write: Coroutine[Any, Any, None]) -> asyncio.Future[None]:
         """Start a store call now (it joins the next group commit); its failure is fatal."""

@@ -57,7 +57,7 @@ class NodeProcess:
         self.log_path = workdir / "node.log"
         config: dict[str, Any] = {
             "node": {"id": f"test-{self.port}", "data-dir": str(self.data_dir)},
-            "listen": {"client": self.url},
+            "listen": {"client": self.url, "stomp": f"127.0.0.1:{free_port()}"},
             "log": {"format": "json", "level": "info"},
         }
         for key, value in (extra or {}).items():

@@ -1,0 +1,238 @@
+"""The STOMP listener: the asyncio shell that moves bytes between sockets and sessions.
+
+Each connection runs a reader (socket -> parser -> session -> core), a writer (everything
+queued for the connection, written in one batch per wake-up with a single drain) and, once
+heart-beats are negotiated, a heart-beat timer. A connection can only ever slow itself down:
+its consumers get no more than their prefetch while its socket is full (auto-mode messages are
+acknowledged only after they were written), and a client that does not read its RECEIPTs is
+no longer read from once too many are queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import socket
+from typing import TYPE_CHECKING, Any
+
+from broker import logs
+from broker.stomp.session import CLOSE, Session, Subscription
+
+if TYPE_CHECKING:
+    from broker.node import Node
+
+READ_CHUNK = 256 * 1024
+WRITE_SLICE = 1024 * 1024  # bytes per socket write (and drain) at most, big bodies aside
+HIGH_WATER = 4 * 1024 * 1024  # queued control frames (receipts) before reading pauses
+CLOSE_GRACE_S = 5.0  # to flush the last frames (ERROR, RECEIPT) before closing anyway
+log = logs.get("stomp")
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class StompServer:
+    """Serves STOMP on `listen.stomp` for one node."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.address = node.config.listen.stomp
+        self.connections: set[Connection] = set()
+        self._server: asyncio.Server | None = None
+        self._ids = itertools.count(1)
+
+    async def start(self) -> None:
+        """Bind and accept; raises OSError naming the address when it cannot listen."""
+        host, port = split_host_port(self.address)
+        try:
+            self._server = await asyncio.start_server(self._accept, host, port)
+        except OSError as err:
+            reason = os.strerror(err.errno) if err.errno else str(err)
+            raise OSError(f"cannot listen on {self.address} for STOMP: {reason}") from None
+
+    async def stop(self, grace_s: float = CLOSE_GRACE_S) -> None:
+        """Stop accepting; tell every client the node is going, then drop what is left."""
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            conn.session.fail("the node is shutting down")
+        tasks = [c.task for c in self.connections if c.task is not None]
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=grace_s)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = Connection(self.node, reader, writer, f"stomp-{next(self._ids)}")
+        self.connections.add(conn)
+        try:
+            await conn.run()
+        finally:
+            self.connections.discard(conn)
+
+
+class Connection:
+    """One client socket and its session."""
+
+    def __init__(
+        self,
+        node: Node,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        session_id: str,
+    ) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.loop = asyncio.get_running_loop()
+        self.out: asyncio.Queue[Any] = asyncio.Queue()
+        peer = writer.get_extra_info("peername")
+        where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.session = Session(node, session_id, self.out, where)
+        self.session.on_closing = self._closing
+        self.connect_timeout_s = node.config.stomp.connect_timeout_ms / 1000
+        self.task = asyncio.current_task()
+        self.last_read = self.last_write = self.loop.time()
+
+    async def run(self) -> None:
+        sock = self.writer.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        session = self.session
+        writer_task = asyncio.create_task(self._write_loop())
+        beats: asyncio.Task[None] | None = None
+        try:
+            beats = await self._read_loop()
+        except (ConnectionError, OSError):
+            pass  # the client went away; what it sent in full was applied
+        except Exception as err:
+            log.exception("stomp connection failed", session=session.id, error=str(err))
+            session.fail("internal error")
+        finally:
+            session.close()
+            if beats is not None:
+                beats.cancel()
+            if session.closing:  # let the ERROR / RECEIPT reach the client
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(asyncio.shield(writer_task), CLOSE_GRACE_S)
+            writer_task.cancel()
+            await asyncio.gather(writer_task, return_exceptions=True)
+            self.writer.close()
+            if session.error is not None:  # one line per connection, never per message
+                log.info("stomp error", session=session.id, peer=session.peer, error=session.error)
+
+    async def _read_loop(self) -> asyncio.Task[None] | None:
+        """Read until EOF or the session closes; returns the heart-beat task, if started."""
+        reader, session, loop = self.reader, self.session, self.loop
+        beats: asyncio.Task[None] | None = None
+        deadline = loop.time() + self.connect_timeout_s
+        try:
+            while not session.closing:
+                if session.version is None:
+                    try:
+                        data = await asyncio.wait_for(
+                            reader.read(READ_CHUNK), max(0.0, deadline - loop.time())
+                        )
+                    except TimeoutError:
+                        session.fail(
+                            f"no CONNECT frame within {self.connect_timeout_s * 1000:.0f} ms"
+                        )
+                        return beats
+                else:
+                    data = await reader.read(READ_CHUNK)
+                if not data:
+                    return beats
+                self.last_read = loop.time()
+                await session.receive(data)
+                if beats is None and any(session.heart_beat) and not session.closing:
+                    beats = asyncio.create_task(self._heart_beats())
+                if session.pending_bytes > HIGH_WATER:
+                    session.drained.clear()
+                    await session.drained.wait()
+                    self.last_read = loop.time()
+        except BaseException:
+            if beats is not None:
+                beats.cancel()
+            raise
+        return beats
+
+    async def _write_loop(self) -> None:
+        """Write everything queued at once, drain once; auto acks follow the drain."""
+        out, session = self.out, self.session
+        try:
+            while True:
+                items = [await out.get()]
+                while not out.empty():
+                    items.append(out.get_nowait())
+                parts: list[bytes] = []
+                auto: dict[Subscription, list[int]] | None = None
+                control = 0
+                close = False
+                for item in items:
+                    if item.__class__ is list:
+                        auto = session.render(item, parts, auto)
+                    elif item.__class__ is bytes:
+                        parts.append(item)
+                        control += len(item)
+                    elif item is CLOSE:
+                        close = True
+                        break
+                if parts:
+                    await self._write(parts)
+                session.written(control)
+                if session.pending_bytes <= HIGH_WATER // 2:
+                    session.drained.set()
+                if auto:
+                    session.auto_ack(auto)
+                if close:
+                    return
+        except (ConnectionError, OSError):
+            pass
+        except Exception as err:
+            log.exception("stomp writer failed", session=session.id, error=str(err))
+        finally:
+            session.drained.set()
+            self.writer.close()  # the reader sees EOF and cleans up
+
+    async def _write(self, parts: list[bytes]) -> None:
+        """One write and one drain for what is ready, in slices of WRITE_SLICE bytes at most,
+        so that large messages are never all copied into the transport's buffer at once."""
+        writer = self.writer
+        start, size = 0, 0
+        for i, part in enumerate(parts):
+            size += len(part)
+            if size >= WRITE_SLICE:
+                writer.write(b"".join(parts[start : i + 1]))
+                self.last_write = self.loop.time()
+                await writer.drain()
+                start, size = i + 1, 0
+        if start < len(parts):
+            writer.write(b"".join(parts[start:]))
+            self.last_write = self.loop.time()
+            await writer.drain()
+
+    async def _heart_beats(self) -> None:
+        """Send an EOL when idle; close the connection when the client's beats stop."""
+        send_ms, expect_ms = self.session.heart_beat
+        # Checked four times per interval, a beat after half an idle interval keeps every gap
+        # well under the 1.5x that clients such as stomp.py tolerate, even on a busy loop.
+        period = min(ms / 4000 for ms in (send_ms, expect_ms) if ms)
+        loop, session = self.loop, self.session
+        while not session.closing:
+            await asyncio.sleep(period)
+            now = loop.time()
+            if send_ms and now - self.last_write >= send_ms / 2000:
+                self.last_write = now
+                session.heart_beat_now()
+            if expect_ms and now - self.last_read > 2 * expect_ms / 1000:
+                session.fail(f"no frame or heart-beat from the client for {2 * expect_ms} ms")
+                return
+
+    def _closing(self) -> None:
+        """The session is closing: a client that reads nothing must not keep it open."""
+        self.loop.call_later(CLOSE_GRACE_S, self.writer.transport.abort)
