@@ -63,6 +63,15 @@ class Effects:
     dead: list[Message] = field(default_factory=list)
     queues_created: list[tuple[str, str, QueueConfig]] = field(default_factory=list)
 
+    def merge(self, other: Effects) -> None:
+        """Fold a later operation's effects in, so several operations cost one store write."""
+        self.deliveries += other.deliveries
+        self.added += other.added
+        self.removed += other.removed
+        self.updated += other.updated
+        self.dead += other.dead
+        self.queues_created += other.queues_created
+
 
 class _Group:
     """Kept small on purpose: one of these lives for every pinned group, idle or not."""

@@ -121,7 +121,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         for m in messages:
             msg_id, fx = core.send(m.address, m.body, _dict(m.headers), m.persistent, now)
             ids.append(msg_id)
-            _merge(total, fx)
+            total.merge(fx)
         return ids, self.node.apply(total)
 
     async def Send(self, request: pb.SendRequest, context: aio.ServicerContext) -> pb.SendResponse:
@@ -297,14 +297,6 @@ def _pack(items: list[list[Delivery] | Receipt], first_key: str | None) -> list[
 def _dict(headers: Mapping[str, str]) -> dict[str, str]:
     """A protobuf map as a dict (several times faster than dict(map))."""
     return {k: headers[k] for k in headers}
-
-
-def _merge(total: Effects, fx: Effects) -> None:
-    total.deliveries += fx.deliveries
-    total.added += fx.added
-    total.removed += fx.removed
-    total.updated += fx.updated
-    total.queues_created += fx.queues_created
 
 
 # ---- administration ---------------------------------------------------------------------------

@@ -147,14 +147,6 @@ def _required(frame: Frame, name: str) -> str:
     return value
 
 
-def _merge(total: Effects, fx: Effects) -> None:
-    total.deliveries += fx.deliveries
-    total.added += fx.added
-    total.removed += fx.removed
-    total.updated += fx.updated
-    total.queues_created += fx.queues_created
-
-
 # ---- subscriptions and transactions -------------------------------------------------------------
 
 
@@ -596,7 +588,7 @@ class Session:
         if self._fx is None:
             self._fx = fx
         else:
-            _merge(self._fx, fx)
+            self._fx.merge(fx)
 
     def flush(self) -> None:
         """Apply the Effects gathered since the last flush; queue their RECEIPTs behind them."""
