@@ -174,6 +174,34 @@ class StompSection(Strict):
     connect_timeout_ms: int = Field(default=10_000, gt=0)
 
 
+class ClusterSection(Strict):
+    """Cluster connections: who the peers are and how ungrouped messages are balanced."""
+
+    name: str = Field(default="pinmq", pattern=r"^[A-Za-z0-9_.-]+$")
+    address: str = ""  # clustered address prefix; "" = every address
+    load_balancing: Literal["OFF", "STRICT", "ON_DEMAND"] = "ON_DEMAND"
+    max_hops: int = Field(default=1, ge=0)
+    connectors: list[HostPort] = Field(default_factory=list)
+    reconnect_interval: int = Field(default=500, gt=0)
+
+    def covers(self, address: str) -> bool:
+        return address.startswith(self.address)
+
+
+class GroupingHandlerSection(Strict):
+    """Artemis-style grouping handler: LOCAL decides bindings, REMOTE asks the LOCAL node."""
+
+    name: str = "grouping-handler"
+    type: Literal["LOCAL", "REMOTE"]
+    address: str = ""  # the cluster address it governs; "" = every address
+    timeout: int = Field(default=5000, gt=0)
+    group_timeout: int = Field(default=-1, ge=-1)
+    reaper_period: int = Field(default=30000, gt=0)
+
+    def covers(self, address: str) -> bool:
+        return address.startswith(self.address)
+
+
 class LogSection(Strict):
     """Logging; format `auto` picks console on a terminal and json otherwise."""
 
@@ -194,6 +222,8 @@ class NodeConfig(Strict):
     address_settings: dict[str, AddressSettings] = Field(default_factory=_default_address_settings)
     limits: LimitsSection = Field(default_factory=LimitsSection)
     stomp: StompSection = Field(default_factory=StompSection)
+    cluster: ClusterSection | None = None
+    grouping_handler: GroupingHandlerSection | None = None
     log: LogSection = Field(default_factory=LogSection)
 
     @field_validator("addresses")

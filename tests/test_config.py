@@ -259,3 +259,31 @@ address-settings:
         consumers_before_dispatch=2,
         delay_before_dispatch=500,
     )
+
+
+def test_cluster_and_grouping_handler_sections() -> None:
+    cfg = parse_config(
+        """
+node: {id: n1}
+cluster: {name: c1, load-balancing: STRICT, connectors: [127.0.0.1:7702, 127.0.0.1:7703]}
+grouping-handler: {name: gh, type: REMOTE, address: orders, timeout: 250, group-timeout: 1000}
+""",
+        "c.yaml",
+    )
+    assert cfg.cluster is not None and cfg.grouping_handler is not None
+    assert cfg.cluster.load_balancing == "STRICT"
+    assert cfg.cluster.connectors == ["127.0.0.1:7702", "127.0.0.1:7703"]
+    assert cfg.cluster.reconnect_interval == 500
+    assert cfg.grouping_handler.type == "REMOTE"
+    assert (cfg.grouping_handler.timeout, cfg.grouping_handler.group_timeout) == (250, 1000)
+    assert cfg.grouping_handler.reaper_period == 30000
+    assert cfg.grouping_handler.covers("orders.eu") and not cfg.grouping_handler.covers("audit")
+    assert parse_config("node: {id: n1}", "m.yaml").cluster is None
+
+
+def test_grouping_handler_needs_a_valid_type_and_timeout() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config("node: {id: n1}\ngrouping-handler: {type: LOCL, timeout: 0}", "g.yaml")
+    text = str(err.value)
+    assert "g.yaml: grouping-handler.type: got 'LOCL'" in text
+    assert "grouping-handler.timeout" in text
