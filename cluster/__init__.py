@@ -1,0 +1,1 @@
+"""Cluster connections: topology, clustered routing and store-and-forward between nodes."""
