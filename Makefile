@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 up: $(STAMP)
-	$(BIN)/pinmq node --config deploy/node1.yaml
+	$(BIN)/pinmq node --config deploy/standalone.yaml
 
 test: $(STAMP)
 	$(BIN)/ruff check .

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -32,6 +33,12 @@ def _parser() -> argparse.ArgumentParser:
 
     node = verbs.add_parser("node", help="run a broker node in the foreground")
     node.add_argument("--config", required=True, metavar="FILE", help="node YAML config")
+
+    up = verbs.add_parser("up", help="start nodes in the background and wait until healthy")
+    up.add_argument("configs", nargs="+", metavar="CONFIG", help="node YAML configs")
+    up.add_argument("--run-dir", default="run", help="pid and log files (default: %(default)s)")
+    down = verbs.add_parser("down", help="stop the nodes that `pinmq up` started")
+    down.add_argument("--run-dir", default="run", help="pid and log files (default: %(default)s)")
 
     client = argparse.ArgumentParser(add_help=False)
     client.add_argument(
@@ -212,23 +219,35 @@ async def _run_client(args: argparse.Namespace) -> None:
 
 
 def _run_node(config_path: str) -> int:
-    from broker.config import ConfigError, load_config
+    from broker.config import load_config
     from broker.node import run_node
 
+    return run_node(load_config(config_path))
+
+
+def _run_local(args: argparse.Namespace) -> int:
+    """The verbs that run nodes on this machine rather than talk to one."""
+    from broker import launcher
+    from broker.config import ConfigError
+
     try:
-        config = load_config(config_path)
+        if args.verb == "node":
+            return _run_node(args.config)
+        console = Console()
+        if args.verb == "up":
+            return launcher.up(args.configs, Path(args.run_dir), console)
+        return launcher.down(Path(args.run_dir), console)
     except ConfigError as err:
-        print(f"pinmq: error: invalid config {config_path}:", file=sys.stderr)
+        print("pinmq: error: invalid config:", file=sys.stderr)
         for problem in err.problems:
             print(f"  {problem}", file=sys.stderr)
         return 2
-    return run_node(config)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
-    if args.verb == "node":
-        sys.exit(_run_node(args.config))
+    if args.verb in ("node", "up", "down"):
+        sys.exit(_run_local(args))
     try:
         asyncio.run(_run_client(args))
     except PinmqError as err:

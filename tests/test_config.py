@@ -54,12 +54,29 @@ def test_contract_parses() -> None:
     assert cfg.address_settings == {"#": AddressSettings()}
 
 
-def test_deploy_example_matches_contract() -> None:
-    cfg = load_config(REPO / "deploy" / "node1.yaml")
+def test_deploy_examples_match_contract() -> None:
     contract = parse_config(CONTRACT, "contract.yaml")
-    assert cfg.node == contract.node
-    assert cfg.addresses == contract.addresses
-    assert cfg.address_settings == contract.address_settings
+    for name in ("standalone", "node1", "node2", "node3"):
+        cfg = load_config(REPO / "deploy" / f"{name}.yaml")
+        assert cfg.addresses == contract.addresses
+        assert cfg.address_settings == contract.address_settings
+    assert load_config(REPO / "deploy" / "node1.yaml").node == contract.node
+
+
+def test_deploy_cluster_is_consistent() -> None:
+    """One LOCAL handler, distinct ports, and each node's connectors are the others' listeners."""
+    cfgs = [load_config(REPO / "deploy" / f"node{n}.yaml") for n in (1, 2, 3)]
+    assert [c.grouping_handler.type for c in cfgs if c.grouping_handler] == [
+        "LOCAL",
+        "REMOTE",
+        "REMOTE",
+    ]
+    ports = [p for c in cfgs for p in c.listen.model_dump().values()]
+    assert len(ports) == len(set(ports))
+    assert len({c.node.data_dir for c in cfgs}) == 3
+    for c in cfgs:
+        others = {o.listen.cluster for o in cfgs if o is not c}
+        assert c.cluster is not None and set(c.cluster.connectors) == others
 
 
 def test_minimal_config_gets_all_defaults() -> None:

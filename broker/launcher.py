@@ -1,0 +1,159 @@
+"""`pinmq up` / `pinmq down`: run a set of nodes as background processes on this machine.
+
+Each node gets a pid file and a log file in the run directory, so `down` finds exactly the
+processes `up` started, and a second `up` refuses to start a node that is still running.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from rich.console import Console
+from rich.table import Table
+
+from broker.config import NodeConfig, load_config
+
+START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 10.0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _pid(pid_file: Path) -> int | None:
+    try:
+        pid = int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if _alive(pid) else None
+
+
+def _healthy(url: str) -> bool:
+    with grpc.insecure_channel(url) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=1.0
+            )
+        except grpc.RpcError:
+            return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def _tail(log: Path, lines: int = 5) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def up(config_paths: list[str], run_dir: Path, console: Console) -> int:
+    """Start every node that is not running yet; wait until all are healthy."""
+    configs = [(Path(p), load_config(p)) for p in config_paths]
+    if clash := _clashes([cfg for _, cfg in configs]):
+        console.print(f"pinmq: error: {clash}", markup=False)
+        return 2
+    run_dir.mkdir(parents=True, exist_ok=True)
+    started: dict[str, subprocess.Popen[bytes]] = {}
+    for path, cfg in configs:
+        node_id = cfg.node.id
+        pid_file = run_dir / f"{node_id}.pid"
+        if (pid := _pid(pid_file)) is not None:
+            console.print(f"{node_id}: already running (pid {pid})")
+            continue
+        log = (run_dir / f"{node_id}.log").open("ab")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "broker.cli", "node", "--config", str(path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # Ctrl-C in the shell that ran `up` leaves the nodes alone
+        )
+        pid_file.write_text(f"{proc.pid}\n")
+        started[node_id] = proc
+    deadline = time.monotonic() + START_TIMEOUT_S
+    waiting = {cfg.node.id: cfg for _, cfg in configs}
+    while waiting and time.monotonic() < deadline:
+        for node_id, cfg in list(waiting.items()):
+            proc = started.get(node_id)
+            if proc is not None and proc.poll() is not None:
+                console.print(f"{node_id}: exited with {proc.returncode} while starting:")
+                console.print(_tail(run_dir / f"{node_id}.log"), markup=False)
+                down(run_dir, console, quiet=True)
+                return 1
+            if _healthy(cfg.listen.client):
+                del waiting[node_id]
+        time.sleep(0.2)
+    if waiting:
+        console.print(f"not healthy after {START_TIMEOUT_S:.0f} s: {', '.join(sorted(waiting))}")
+        return 1
+    _summary([cfg for _, cfg in configs], run_dir, console)
+    return 0
+
+
+def _clashes(configs: list[NodeConfig]) -> str | None:
+    """Two nodes of one machine cannot share an id, a data dir or a listen address."""
+    seen: dict[str, str] = {}
+    for cfg in configs:
+        owned = [f"node id {cfg.node.id}", f"data-dir {cfg.node.data_dir}"]
+        served = [cfg.listen.client, cfg.listen.stomp] + (
+            [cfg.listen.cluster] if cfg.cluster else []
+        )
+        owned += [f"address {a}" for a in served]
+        for thing in owned:
+            if thing in seen:
+                return f"{seen[thing]} and {cfg.node.id} both use {thing}"
+            seen[thing] = cfg.node.id
+    return None
+
+
+def _summary(configs: list[NodeConfig], run_dir: Path, console: Console) -> None:
+    table = Table(title="pinmq nodes")
+    for column in ("node", "client (gRPC)", "STOMP", "cluster", "grouping handler", "log"):
+        table.add_column(column)
+    for cfg in configs:
+        handler = cfg.grouping_handler.type if cfg.grouping_handler else "-"
+        cluster = cfg.listen.cluster if cfg.cluster else "-"
+        log = str(run_dir / f"{cfg.node.id}.log")
+        table.add_row(cfg.node.id, cfg.listen.client, cfg.listen.stomp, cluster, handler, log)
+    console.print(table)
+    first, last = configs[0].listen.client, configs[-1].listen.client
+    console.print(
+        f"try: pinmq send orders --url {first} --group g1 --count 5 --body hi && "
+        f"pinmq consume orders --url {last} --count 5 --json",
+        markup=False,
+    )
+
+
+def down(run_dir: Path, console: Console, quiet: bool = False) -> int:
+    """Stop every node with a pid file in the run directory: SIGTERM, then SIGKILL."""
+    pid_files = sorted(run_dir.glob("*.pid")) if run_dir.is_dir() else []
+    pids = {f: _pid(f) for f in pid_files}
+    for pid in pids.values():
+        if pid is not None:
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    for pid_file, pid in pids.items():
+        while pid is not None and _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if pid is not None and _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+        pid_file.unlink(missing_ok=True)
+        if not quiet:
+            console.print(f"{pid_file.stem}: {'stopped' if pid else 'was not running'}")
+    if not pid_files and not quiet:
+        console.print(f"no nodes running from {run_dir}")
+    return 0
