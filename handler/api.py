@@ -1,0 +1,156 @@
+"""What the node's send path and the cluster code see of a grouping handler, LOCAL or REMOTE.
+
+The send path calls `cached()` first (synchronous, no I/O: the per-message cost) and only on
+a miss awaits `decide()` with the instance its router picked. The cluster topology reports
+queue instances with `instance_seen` / `instance_deleted` (only the LOCAL handler acts on
+them) and hosts the gRPC service with `add_to_server`. `on_removed` callbacks let the node
+unpin a group whose binding went away.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, NamedTuple
+
+import structlog
+
+from handler.arbiter import Binding
+
+if TYPE_CHECKING:
+    from grpc import aio
+
+    from broker.config import NodeConfig
+
+__all__ = [
+    "LIST_LIMIT",
+    "Binding",
+    "BindingUse",
+    "DecisionTimeout",
+    "GroupingHandler",
+    "HandlerUnavailable",
+    "RemovalReason",
+    "RemovedCallback",
+    "make_handler",
+]
+
+log = structlog.get_logger(__name__)
+
+LIST_LIMIT = 10_000  # bindings per list_bindings call by default (one gRPC reply: < 4 MB)
+
+
+class RemovalReason(enum.StrEnum):
+    """Why a binding went away."""
+
+    REAPED = "reaped"  # unused for longer than group-timeout
+    UNBOUND = "unbound"  # an operator unbound it
+    INSTANCE_DELETED = "instance-deleted"  # its queue instance was deleted
+    INSTANCE_ABSENT = "instance-absent"  # its instance was missing for longer than timeout
+    STALE = "stale"  # REMOTE only: the LOCAL node no longer holds it (a removal was missed)
+
+
+RemovedCallback = Callable[[Binding, RemovalReason], None]
+
+
+class BindingUse(NamedTuple):
+    """A binding as operators list it."""
+
+    binding: Binding
+    last_use_unix_ms: int
+
+
+class DecisionTimeout(Exception):
+    """No binding could be decided within the handler's timeout; the send must fail."""
+
+
+class HandlerUnavailable(Exception):
+    """An operator call (list, unbind) could not reach the LOCAL grouping handler."""
+
+
+class GroupingHandler(abc.ABC):
+    """The interface both handlers implement, plus the removal-callback plumbing they share."""
+
+    def __init__(self) -> None:
+        self._callbacks: list[RemovedCallback] = []
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Load state and start background tasks; returns without waiting for the cluster."""
+
+    @abc.abstractmethod
+    async def stop(self) -> None:
+        """Stop background tasks and release files and connections."""
+
+    @abc.abstractmethod
+    async def decide(self, group: str, queue: str, proposal_node: str) -> Binding:
+        """The binding for (group, queue); proposes `proposal_node` if there is none.
+
+        Raises `DecisionTimeout` when no decision arrives within the configured timeout.
+        """
+
+    @abc.abstractmethod
+    def cached(self, group: str, queue: str) -> Binding | None:
+        """The binding if it is known here without I/O (and counts as a use), else None."""
+
+    @abc.abstractmethod
+    async def list_bindings(
+        self, group: str | None = None, limit: int = LIST_LIMIT
+    ) -> list[BindingUse]:
+        """Bindings (of one group) with their last use, as the LOCAL node knows them.
+
+        At most `limit` of them (0: no limit), least recently used first.
+        """
+
+    @abc.abstractmethod
+    async def unbind(self, group: str, queue: str | None = None) -> int:
+        """Remove a group's binding on `queue` (every queue when None); how many went."""
+
+    def instance_seen(self, queue: str, node: str, present: bool) -> None:  # noqa: B027
+        """Topology report: queue@node exists (True) or went missing (False)."""
+
+    def instance_deleted(self, queue: str, node: str) -> None:  # noqa: B027
+        """Topology report: queue@node was deleted; its bindings go at once."""
+
+    def report_instances(self, instances: Mapping[tuple[str, str], bool]) -> None:  # noqa: B027
+        """Topology snapshot: every known (queue, node) -> whether its node is connected.
+
+        Connected ones count as present, the others as absent; an instance listed in an
+        earlier snapshot and missing from this one counts as deleted.
+        """
+
+    def add_to_server(self, server: aio.Server) -> None:  # noqa: B027
+        """Host this handler's gRPC service, if it has one, on the cluster's server."""
+
+    def on_removed(self, callback: RemovedCallback) -> None:
+        """Call `callback(binding, reason)` on the event loop for every removed binding."""
+        self._callbacks.append(callback)
+
+    def _notify(self, removed: list[Binding], reason: RemovalReason) -> None:
+        for binding in removed:
+            for callback in self._callbacks:
+                try:
+                    callback(binding, reason)
+                except Exception:
+                    log.exception("on_removed callback failed", group=binding.group)
+
+
+def make_handler(
+    config: NodeConfig, locate_local: Callable[[], str | None]
+) -> GroupingHandler | None:
+    """The handler the node's config asks for; None without a grouping-handler section.
+
+    `locate_local` returns the LOCAL node's cluster address (host:port) from the topology,
+    or None while it is unknown; only a REMOTE handler calls it.
+    """
+    section = config.grouping_handler
+    if section is None:
+        return None
+    if section.type == "LOCAL":
+        from handler.local import LocalHandler
+
+        return LocalHandler(section, config.node.id, config.node.data_dir)
+    from handler.remote import RemoteHandler
+
+    reconnect = config.cluster.reconnect_interval if config.cluster is not None else 500
+    return RemoteHandler(locate_local, section, config.node.id, reconnect_interval_ms=reconnect)

@@ -1,0 +1,390 @@
+"""The LOCAL grouping handler: the arbiter behind a durable store, a reaper and a gRPC service.
+
+Exactly one node of a cluster runs it. Its own node asks it directly (`cached` / `decide`);
+REMOTE nodes ask over `pinmq.grouping.v1.GroupingHandler`, hosted on the cluster's gRPC server
+through `add_to_server`. A new binding is written to `<data-dir>/bindings.db` before anyone
+(caller or RPC) is told about it, and a concurrent proposal for a key whose write is still in
+flight waits for that same write, so no answer ever names a binding a crash could forget.
+
+Removals (reaped, unbound, instance deleted, instance absent) are deleted from disk without
+waiting (if a crash loses the delete, the binding comes back and is removed again later),
+pushed to every `Removals` stream and to the `on_removed` callbacks.
+
+After a restart every restored binding's instance counts as absent until the topology reports
+it (`instance_seen`); bindings to instances that do not show up within `timeout` are dropped
+by the reaper task, while decisions go on answering with the restored bindings meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import itertools
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
+
+import grpc
+import structlog
+from grpc import aio
+
+from broker.config import GroupingHandlerSection
+from broker.pb import grouping_pb2 as pb
+from broker.pb import grouping_pb2_grpc as pb_grpc
+from handler.api import (
+    LIST_LIMIT,
+    BindingUse,
+    DecisionTimeout,
+    GroupingHandler,
+    HandlerUnavailable,
+    RemovalReason,
+)
+from handler.arbiter import Arbiter, Binding, Key
+from handler.bindings import FILE_NAME, BindingStore, BindingStoreError
+
+log = structlog.get_logger(__name__)
+
+SUBSCRIBED = ("pinmq-subscribed", "1")  # initial metadata of a Removals stream once it is live
+HEARTBEAT_S = 5.0  # an idle Removals stream sends an empty Removal this often
+MAX_REMOVAL_BACKLOG = 100_000  # a subscriber further behind is cut off (it resubscribes)
+_MS = 1_000_000
+
+REASON_TO_PB = {
+    RemovalReason.REAPED: pb.REASON_REAPED,
+    RemovalReason.UNBOUND: pb.REASON_UNBOUND,
+    RemovalReason.INSTANCE_DELETED: pb.REASON_INSTANCE_DELETED,
+    RemovalReason.INSTANCE_ABSENT: pb.REASON_INSTANCE_ABSENT,
+}
+
+
+class _Subscriber:
+    """One Removals stream: its backlog, and whether it fell too far behind or must end."""
+
+    __slots__ = ("closed", "event", "items", "node", "overflow")
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.items: deque[tuple[Binding, RemovalReason]] = deque()
+        self.event = asyncio.Event()
+        self.overflow = False
+        self.closed = False
+
+    def push(self, removed: list[Binding], reason: RemovalReason) -> None:
+        if self.overflow or self.closed:
+            return
+        if len(self.items) + len(removed) > MAX_REMOVAL_BACKLOG:
+            self.overflow = True
+            self.items.clear()
+        else:
+            self.items.extend((b, reason) for b in removed)
+        self.event.set()
+
+
+class LocalHandler(GroupingHandler):
+    """The LOCAL grouping handler of one node (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: GroupingHandlerSection,
+        node_id: str,
+        data_dir: Path | str,
+        *,
+        epoch: int = 1,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.node_id = node_id
+        self.path = Path(data_dir) / FILE_NAME
+        self.arbiter = Arbiter(epoch, config.group_timeout, config.timeout)
+        self._clock = clock  # wall clock: last uses are listed as unix times
+        self._store: BindingStore | None = None
+        self._pending: dict[Key, asyncio.Future[None]] = {}  # key -> write of its new binding
+        self._subscribers: set[_Subscriber] = set()
+        self._reaper: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
+        self._reported: set[tuple[str, str]] = set()  # instances of the last snapshot
+
+    # ---- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the bindings file (BindingStoreError names it if unusable), restore, reap."""
+        store = await asyncio.to_thread(BindingStore.open, self.path)
+        try:
+            restored = await asyncio.to_thread(store.load)
+        except BaseException:
+            await store.close()
+            raise
+        self.arbiter.restore(restored, self._clock())
+        self._store = store
+        self._wake = asyncio.Event()
+        self._reaper = asyncio.create_task(self._reap_loop(), name="grouping-reaper")
+        log.info("LOCAL grouping handler started", path=str(self.path), bindings=len(restored))
+
+    async def stop(self) -> None:
+        """Stop reaping, end the Removals streams, close the file."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+            self._reaper = None
+        for sub in self._subscribers:
+            sub.closed = True
+            sub.event.set()
+        if self._store is not None:
+            await self._store.close()
+            self._store = None
+
+    def add_to_server(self, server: aio.Server) -> None:
+        pb_grpc.add_GroupingHandlerServicer_to_server(GroupingServicer(self), server)
+
+    # ---- decisions ----------------------------------------------------------------------
+
+    def cached(self, group: str, queue: str) -> Binding | None:
+        if self._pending and (group, queue) in self._pending:
+            return None  # not durable yet: the caller awaits decide()
+        return self.arbiter.use(group, queue, self._clock())
+
+    async def decide(self, group: str, queue: str, proposal_node: str) -> Binding:
+        """The binding, durable; raises BindingStoreError if it could not be written."""
+        binding, _ = await self.propose(group, queue, proposal_node)
+        return binding
+
+    async def propose(self, group: str, queue: str, node: str) -> tuple[Binding, bool]:
+        """`decide` plus whether this proposal created the binding (the RPC's answer)."""
+        store = self._require()
+        key = (group, queue)
+        binding, accepted = self.arbiter.propose(group, queue, node, self._clock())
+        if accepted:
+            write = store.put([binding])
+            self._pending[key] = write
+            write.add_done_callback(functools.partial(self._written, key, binding))
+        else:
+            write = self._pending.get(key)
+            if write is None:
+                return binding, False
+        try:
+            async with asyncio.timeout(self.config.timeout / 1000):
+                await asyncio.shield(write)
+        except TimeoutError:
+            raise DecisionTimeout(
+                f"no grouping decision for group {group!r} on queue {queue!r} within "
+                f"{self.config.timeout} ms: the bindings file {self.path} did not confirm the write"
+            ) from None
+        return binding, accepted
+
+    def _written(self, key: Key, binding: Binding, write: asyncio.Future[None]) -> None:
+        if self._pending.get(key) is write:
+            del self._pending[key]
+        if write.cancelled() or write.exception() is None:
+            return
+        # Nobody was told about it: forget it, so the next proposal starts over.
+        log.error("binding not stored", group=key[0], queue=key[1], error=str(write.exception()))
+        if self.arbiter.lookup(*key) is binding:
+            self.arbiter.unbind(*key)
+
+    def _require(self) -> BindingStore:
+        if self._store is None:
+            raise HandlerUnavailable("the LOCAL grouping handler is not running")
+        return self._store
+
+    # ---- operators and topology ---------------------------------------------------------
+
+    async def list_bindings(
+        self, group: str | None = None, limit: int = LIST_LIMIT
+    ) -> list[BindingUse]:
+        listed = (
+            BindingUse(b, last_use // _MS)
+            for b, last_use in self.arbiter.bindings()
+            if group is None or b.group == group
+        )
+        return list(itertools.islice(listed, limit or None))
+
+    async def unbind(self, group: str, queue: str | None = None) -> int:
+        self._require()
+        removed = self.arbiter.unbind(group, queue)
+        self._removed(removed, RemovalReason.UNBOUND)
+        return len(removed)
+
+    def instance_seen(self, queue: str, node: str, present: bool) -> None:
+        self.arbiter.instance_seen(queue, node, present, self._clock())
+        if not present and self._wake is not None:
+            self._wake.set()  # the reaper sleeps until the earliest absence expiry
+
+    def instance_deleted(self, queue: str, node: str) -> None:
+        self._removed(self.arbiter.drop_instance(queue, node), RemovalReason.INSTANCE_DELETED)
+
+    def report_instances(self, instances: Mapping[tuple[str, str], bool]) -> None:
+        for (queue, node), present in instances.items():
+            self.instance_seen(queue, node, present)
+        # Only what a snapshot listed can vanish from one: a binding restored from disk whose
+        # node has not been heard of yet must wait out the absent timeout instead.
+        for queue, node in self._reported - instances.keys():
+            self.instance_deleted(queue, node)
+        self._reported = set(instances)
+
+    def touch_keys(self, keys: list[pb.Key], validate_only: bool) -> list[pb.Key]:
+        """A REMOTE's bindings in use: touch those it has right; return the ones it has wrong."""
+        stale: list[pb.Key] = []
+        fresh: list[Key] = []
+        lookup = self.arbiter.lookup
+        for k in keys:
+            binding = lookup(k.group, k.queue)
+            if binding is None or binding.node != k.node:
+                stale.append(k)
+            elif not validate_only:
+                fresh.append((k.group, k.queue))
+        if fresh:
+            self.arbiter.touch(fresh, self._clock())
+        return stale
+
+    # ---- removals -----------------------------------------------------------------------
+
+    def _removed(self, removed: list[Binding], reason: RemovalReason) -> None:
+        if not removed:
+            return
+        if self._store is not None:
+            self._store.delete([b.key for b in removed]).add_done_callback(_log_failed_delete)
+        for sub in self._subscribers:
+            sub.push(removed, reason)
+        log.info("bindings removed", reason=str(reason), count=len(removed))
+        self._notify(removed, reason)
+
+    def subscribe(self, node: str) -> _Subscriber:
+        sub = _Subscriber(node)
+        self._subscribers.add(sub)
+        return sub
+
+    def unsubscribe(self, sub: _Subscriber) -> None:
+        self._subscribers.discard(sub)
+
+    async def _reap_loop(self) -> None:
+        """Reap every reaper-period; drop absent instances' bindings as soon as they expire."""
+        assert self._wake is not None
+        period = self.config.reaper_period * _MS
+        next_reap = self._clock() + period
+        while True:
+            try:
+                wake_at = next_reap
+                expiry = self.arbiter.next_absent_expiry()
+                if expiry is not None:
+                    wake_at = min(wake_at, expiry)
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(max(0, wake_at - self._clock()) / 1e9):
+                        await self._wake.wait()
+                now = self._clock()
+                self._removed(self.arbiter.expire_absent(now), RemovalReason.INSTANCE_ABSENT)
+                if now >= next_reap:
+                    self._removed(self.arbiter.reap(now), RemovalReason.REAPED)
+                    next_reap = now + period
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug must not stop reaping for good
+                log.exception("grouping reaper failed")
+                await asyncio.sleep(self.config.reaper_period / 1000)
+
+
+def _log_failed_delete(write: asyncio.Future[None]) -> None:
+    if not write.cancelled() and write.exception() is not None:
+        log.warning("binding removal not stored", error=str(write.exception()))
+
+
+def _reply(binding: Binding, accepted: bool) -> pb.BindingReply:
+    return pb.BindingReply(
+        group=binding.group,
+        queue=binding.queue,
+        node=binding.node,
+        epoch=binding.epoch,
+        accepted=accepted,
+    )
+
+
+class GroupingServicer(pb_grpc.GroupingHandlerServicer):
+    """`pinmq.grouping.v1.GroupingHandler` over a LocalHandler."""
+
+    def __init__(self, handler: LocalHandler) -> None:
+        self.handler = handler
+
+    async def Propose(
+        self, request: pb.ProposeRequest, context: aio.ServicerContext
+    ) -> pb.BindingReply:
+        if not (request.group and request.queue and request.node):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "group, queue and node must not be empty"
+            )
+        try:
+            binding, accepted = await self.handler.propose(
+                request.group, request.queue, request.node
+            )
+        except (BindingStoreError, DecisionTimeout, HandlerUnavailable) as err:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+        return _reply(binding, accepted)
+
+    async def Touch(self, request: pb.TouchRequest, context: aio.ServicerContext) -> pb.TouchReply:
+        stale = self.handler.touch_keys(list(request.keys), request.validate_only)
+        return pb.TouchReply(stale=stale)
+
+    async def Removals(
+        self, request: pb.RemovalsRequest, context: aio.ServicerContext
+    ) -> AsyncIterator[pb.Removal]:
+        sub = self.handler.subscribe(request.node)
+        log.info("removals subscriber joined", subscriber=request.node)
+        try:
+            await context.send_initial_metadata((SUBSCRIBED,))
+            while True:
+                try:
+                    async with asyncio.timeout(HEARTBEAT_S):
+                        await sub.event.wait()
+                except TimeoutError:
+                    yield pb.Removal()  # heartbeat: lets the subscriber notice a dead link
+                    continue
+                sub.event.clear()
+                if sub.overflow:
+                    await context.abort(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"more than {MAX_REMOVAL_BACKLOG} removals not yet read: resubscribe",
+                    )
+                while sub.items:
+                    binding, reason = sub.items.popleft()
+                    yield pb.Removal(
+                        group=binding.group,
+                        queue=binding.queue,
+                        node=binding.node,
+                        epoch=binding.epoch,
+                        reason=REASON_TO_PB[reason],
+                    )
+                if sub.closed:
+                    return
+        finally:
+            self.handler.unsubscribe(sub)
+            log.info("removals subscriber left", subscriber=request.node)
+
+    async def List(self, request: pb.ListRequest, context: aio.ServicerContext) -> pb.ListReply:
+        listed = await self.handler.list_bindings(request.group or None, request.limit)
+        return pb.ListReply(
+            bindings=[
+                pb.BindingInfo(
+                    group=b.group,
+                    queue=b.queue,
+                    node=b.node,
+                    epoch=b.epoch,
+                    last_use_unix_ms=last_use,
+                )
+                for b, last_use in listed
+            ]
+        )
+
+    async def Unbind(
+        self, request: pb.UnbindRequest, context: aio.ServicerContext
+    ) -> pb.UnbindReply:
+        if not request.group:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "group must not be empty")
+        queue = request.queue if request.HasField("queue") else None
+        try:
+            removed = await self.handler.unbind(request.group, queue)
+        except HandlerUnavailable as err:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+        return pb.UnbindReply(removed=removed)

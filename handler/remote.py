@@ -1,0 +1,365 @@
+"""The REMOTE grouping handler: a cache of the LOCAL node's decisions, kept honest by a stream.
+
+A hit (`cached`, or `decide` on a known key) costs a dict lookup and, at most once per
+refresh period, an append to a list: no I/O, no await. A miss becomes one `Propose` RPC to the
+LOCAL node, shared by every concurrent miss of the same key and bounded by `timeout` in total
+(locating the LOCAL node and reconnecting included); past it `DecisionTimeout` says which
+group, queue and timeout, and why.
+
+Bindings in use are reported with batched `Touch` calls by a background task, at most once
+per group-timeout/2 per binding, so the LOCAL reaper sees them used. The removal stream evicts
+cache entries; when it (re)connects, the cache is validated against the LOCAL node (removals
+sent while it was down are otherwise lost). Cached bindings keep answering while the LOCAL
+node is unreachable: a group stays where it is pinned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import structlog
+from grpc import aio
+
+from broker.config import GroupingHandlerSection
+from broker.pb import grouping_pb2 as pb
+from broker.pb import grouping_pb2_grpc as pb_grpc
+from handler.api import (
+    LIST_LIMIT,
+    BindingUse,
+    DecisionTimeout,
+    GroupingHandler,
+    HandlerUnavailable,
+    RemovalReason,
+)
+from handler.arbiter import Binding, Key
+from handler.local import HEARTBEAT_S, REASON_TO_PB, SUBSCRIBED
+
+log = structlog.get_logger(__name__)
+
+TOUCH_BATCH = 10_000  # keys per Touch call
+SILENCE_S = 3 * HEARTBEAT_S  # a Removals stream this quiet is dead: reconnect
+_MS = 1_000_000
+_PB_TO_REASON = {v: k for k, v in REASON_TO_PB.items()}
+
+
+class _Cached:
+    """A cached binding; `refreshed`: when the LOCAL node last heard of its use."""
+
+    __slots__ = ("binding", "refreshed", "used")
+
+    def __init__(self, binding: Binding, refreshed: int, used: bool) -> None:
+        self.binding = binding
+        self.refreshed = refreshed
+        self.used = used  # used since `refreshed` (and then queued in `_used`)
+
+
+class _Flight:
+    """One Propose in progress for a key, and the bindings of that key removed meanwhile."""
+
+    __slots__ = ("removed", "task")
+
+    def __init__(self) -> None:
+        self.removed: set[Binding] = set()
+        self.task: asyncio.Task[Binding] | None = None
+
+
+class RemoteHandler(GroupingHandler):
+    """The REMOTE grouping handler of one node (see the module docstring)."""
+
+    def __init__(
+        self,
+        locate_local: Callable[[], str | None],
+        config: GroupingHandlerSection,
+        node_id: str,
+        *,
+        reconnect_interval_ms: int = 500,
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.node_id = node_id
+        self._locate = locate_local
+        self._reconnect_s = reconnect_interval_ms / 1000
+        self._clock = clock
+        self._cache: dict[Key, _Cached] = {}
+        self._used: list[_Cached] = []
+        self._flights: dict[Key, _Flight] = {}
+        self._target: str | None = None
+        self._channel: aio.Channel | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closing: set[asyncio.Task[None]] = set()  # old channels being closed
+        self.subscribed = asyncio.Event()  # the Removals stream is live (for health and tests)
+
+    # ---- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._removals_loop(), name="grouping-removals")]
+        if self.config.group_timeout >= 0:
+            self._tasks.append(asyncio.create_task(self._touch_loop(), name="grouping-touch"))
+
+    async def stop(self) -> None:
+        tasks = self._tasks + [f.task for f in self._flights.values() if f.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, *self._closing, return_exceptions=True)
+        self._tasks = []
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = self._target = None
+
+    # ---- decisions ----------------------------------------------------------------------
+
+    def cached(self, group: str, queue: str) -> Binding | None:
+        entry = self._cache.get((group, queue))
+        if entry is None:
+            return None
+        if not entry.used:
+            entry.used = True
+            self._used.append(entry)
+        return entry.binding
+
+    async def decide(self, group: str, queue: str, proposal_node: str) -> Binding:
+        key = (group, queue)
+        entry = self._cache.get(key)
+        if entry is not None:
+            if not entry.used:
+                entry.used = True
+                self._used.append(entry)
+            return entry.binding
+        flight = self._flights.get(key)
+        if flight is None:
+            flight = self._flights[key] = _Flight()
+            flight.task = task = asyncio.create_task(self._propose(key, proposal_node, flight))
+            task.add_done_callback(lambda t: self._landed(key, flight, t))
+        assert flight.task is not None
+        return await asyncio.shield(flight.task)  # one caller giving up cancels no other
+
+    def _landed(self, key: Key, flight: _Flight, task: asyncio.Task[Binding]) -> None:
+        if self._flights.get(key) is flight:
+            del self._flights[key]
+        if not task.cancelled():
+            task.exception()  # seen, even if every caller has given up
+
+    async def _propose(self, key: Key, node: str, flight: _Flight) -> Binding:
+        group, queue = key
+        request = pb.ProposeRequest(group=group, queue=queue, node=node)
+        why = "no LOCAL grouping handler is known in the cluster"
+        attempt_s = max(1.0, 2 * self._reconnect_s)  # then locate the LOCAL node again
+        pause = 0.05
+        try:
+            async with asyncio.timeout(self.config.timeout / 1000):
+                while True:
+                    stub = self._stub()
+                    if stub is None:
+                        why = "no LOCAL grouping handler is known in the cluster"
+                    else:
+                        why = ""  # filled in below when this attempt is cut short
+                        try:
+                            reply = await stub.Propose(
+                                request, timeout=attempt_s, wait_for_ready=True
+                            )
+                        except aio.AioRpcError as err:
+                            why = (
+                                f"the LOCAL grouping handler at {self._target} is unreachable"
+                                f" ({err.code().name}: {err.details()})"
+                            )
+                        else:
+                            binding = Binding(reply.group, reply.queue, reply.node, reply.epoch)
+                            if binding in flight.removed:  # removed before the answer came
+                                flight.removed.clear()
+                                continue
+                            # With group-timeout -1 nothing is refreshed: never queue it.
+                            untracked = self.config.group_timeout < 0
+                            self._cache[key] = _Cached(binding, self._clock(), untracked)
+                            return binding
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, self._reconnect_s)
+        except TimeoutError:
+            if not why:
+                connected = self._channel is not None and (
+                    self._channel.get_state() == grpc.ChannelConnectivity.READY
+                )
+                state = "did not answer" if connected else "is unreachable"
+                why = f"the LOCAL grouping handler at {self._target} {state}"
+            raise DecisionTimeout(
+                f"no grouping decision for group {group!r} on queue {queue!r} within "
+                f"{self.config.timeout} ms: {why}"
+            ) from None
+
+    # ---- operators ----------------------------------------------------------------------
+
+    async def list_bindings(
+        self, group: str | None = None, limit: int = LIST_LIMIT
+    ) -> list[BindingUse]:
+        reply = await self._admin("List", pb.ListRequest(group=group or "", limit=limit))
+        return [
+            BindingUse(Binding(b.group, b.queue, b.node, b.epoch), b.last_use_unix_ms)
+            for b in reply.bindings
+        ]
+
+    async def unbind(self, group: str, queue: str | None = None) -> int:
+        request = pb.UnbindRequest(group=group)
+        if queue is not None:
+            request.queue = queue
+        reply = await self._admin("Unbind", request)
+        return reply.removed
+
+    async def _admin(self, method: str, request: Any) -> Any:
+        stub = self._stub()
+        if stub is None:
+            raise HandlerUnavailable("no LOCAL grouping handler is known in the cluster")
+        try:
+            return await getattr(stub, method)(
+                request, timeout=self.config.timeout / 1000, wait_for_ready=True
+            )
+        except aio.AioRpcError as err:
+            raise HandlerUnavailable(
+                f"the LOCAL grouping handler at {self._target} failed: "
+                f"{err.code().name}: {err.details()}"
+            ) from None
+
+    # ---- connection ---------------------------------------------------------------------
+
+    def _stub(self) -> pb_grpc.GroupingHandlerStub | None:
+        """A stub on a channel to the LOCAL node the topology names now, or None."""
+        target = self._locate()
+        if target is None:
+            return None
+        if target != self._target or self._channel is None:
+            if self._channel is not None:
+                closing = asyncio.get_running_loop().create_task(self._channel.close(grace=1.0))
+                self._closing.add(closing)
+                closing.add_done_callback(self._closing.discard)
+            self._target = target
+            self._channel = aio.insecure_channel(
+                target,
+                options=[
+                    ("grpc.min_reconnect_backoff_ms", 100),
+                    ("grpc.initial_reconnect_backoff_ms", 100),
+                    ("grpc.max_reconnect_backoff_ms", max(100, int(self._reconnect_s * 1000))),
+                ],
+            )
+        return pb_grpc.GroupingHandlerStub(self._channel)
+
+    # ---- removals -----------------------------------------------------------------------
+
+    async def _removals_loop(self) -> None:
+        """Keep one Removals stream open to the LOCAL node; validate the cache on each start."""
+        request = pb.RemovalsRequest(node=self.node_id)
+        while True:
+            stub = self._stub()
+            if stub is not None:
+                call = stub.Removals(request)
+                validating: asyncio.Task[None] | None = None
+                try:
+                    async with asyncio.timeout(SILENCE_S):
+                        metadata = await call.initial_metadata()
+                    if metadata and metadata.get(SUBSCRIBED[0]) == SUBSCRIBED[1]:
+                        self.subscribed.set()
+                        log.info("removals stream connected", local=self._target)
+                        validating = asyncio.create_task(self._validate())
+                        stream = call.__aiter__()
+                        while True:
+                            async with asyncio.timeout(SILENCE_S):
+                                removal = await anext(stream)
+                            if removal.group:  # an empty one is a heartbeat
+                                self._on_removal(removal)
+                except (aio.AioRpcError, TimeoutError, StopAsyncIteration) as err:
+                    if self.subscribed.is_set():
+                        log.info("removals stream lost", local=self._target, error=repr(err))
+                finally:
+                    self.subscribed.clear()
+                    call.cancel()
+                    if validating is not None:
+                        validating.cancel()
+            await asyncio.sleep(self._reconnect_s)
+
+    def _on_removal(self, removal: pb.Removal) -> None:
+        binding = Binding(removal.group, removal.queue, removal.node, removal.epoch)
+        key = binding.key
+        entry = self._cache.get(key)
+        if entry is not None and entry.binding == binding:
+            del self._cache[key]
+        flight = self._flights.get(key)
+        if flight is not None:
+            flight.removed.add(binding)
+        self._notify([binding], _PB_TO_REASON.get(removal.reason, RemovalReason.UNBOUND))
+
+    async def _validate(self) -> None:
+        """Drop every cached binding the LOCAL node does not hold (a removal we missed)."""
+        entries = list(self._cache.values())
+        for start in range(0, len(entries), TOUCH_BATCH):
+            chunk = entries[start : start + TOUCH_BATCH]
+            while not await self._send_touch(chunk, validate_only=True):
+                await asyncio.sleep(self._reconnect_s)
+
+    async def _send_touch(self, entries: list[_Cached], validate_only: bool) -> bool:
+        """One Touch call; evicts what it names stale. False if the LOCAL node did not answer."""
+        stub = self._stub()
+        if stub is None:
+            return False
+        keys = [
+            pb.Key(group=e.binding.group, queue=e.binding.queue, node=e.binding.node)
+            for e in entries
+        ]
+        try:
+            reply = await stub.Touch(
+                pb.TouchRequest(keys=keys, validate_only=validate_only),
+                timeout=self.config.timeout / 1000,
+            )
+        except aio.AioRpcError as err:
+            log.debug("touch failed", local=self._target, error=err.details())
+            return False
+        stale: list[Binding] = []
+        for k in reply.stale:
+            entry = self._cache.get((k.group, k.queue))
+            if entry is not None and entry.binding.node == k.node:
+                del self._cache[(k.group, k.queue)]
+                stale.append(entry.binding)
+        self._notify(stale, RemovalReason.STALE)
+        return True
+
+    # ---- refreshing last use ------------------------------------------------------------
+
+    async def _touch_loop(self) -> None:
+        tick = max(self.config.group_timeout / 4, 5) / 1000
+        while True:
+            await asyncio.sleep(tick)
+            try:
+                await self.refresh()
+            except Exception:
+                log.exception("grouping touch failed")
+
+    async def refresh(self) -> None:
+        """Report bindings used since their last report, if that is group-timeout/2 ago."""
+        half = self.config.group_timeout * _MS // 2
+        now = self._clock()
+        due: list[_Cached] = []
+        keep: list[_Cached] = []
+        cache = self._cache
+        for entry in self._used:
+            if cache.get(entry.binding.key) is not entry:
+                continue  # evicted
+            (due if now - entry.refreshed >= half else keep).append(entry)
+        self._used = keep  # hits from now on land here
+        for start in range(0, len(due), TOUCH_BATCH):
+            chunk = due[start : start + TOUCH_BATCH]
+            before = [e.refreshed for e in chunk]
+            for entry in chunk:
+                entry.used = False
+                entry.refreshed = now
+            if not await self._send_touch(chunk, validate_only=False):
+                for entry, refreshed in zip(chunk, before, strict=True):
+                    entry.refreshed = refreshed
+                    if not entry.used and cache.get(entry.binding.key) is entry:
+                        entry.used = True
+                        self._used.append(entry)
+                for entry in due[start + TOUCH_BATCH :]:
+                    if not entry.used:
+                        entry.used = True
+                        self._used.append(entry)
+                return
