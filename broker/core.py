@@ -146,6 +146,84 @@ class BrokerCore:
         self._dead_letter(now_ns, fx)
         return msg_id, fx
 
+    def deliver_to(
+        self,
+        queue: str,
+        address: str,
+        body: bytes,
+        headers: dict[str, str],
+        persistent: bool,
+        now_ns: int,
+    ) -> tuple[int | None, Effects]:
+        """Enqueue into one named queue, bypassing address routing (forwarded messages).
+
+        Another node already chose `queue` as the target, so only that queue may take the
+        message. A missing queue is created on `address` per address-settings; where those
+        forbid it, the message goes to the address-settings dead-letter address, or is dropped
+        (msg id None) when there is none: it must not wait, or the sender's queue would stall.
+        """
+        fx = Effects()
+        q = self._queues.get(queue)
+        if q is None:
+            rules = self.config.settings_for(address)
+            if not address or not queue:
+                raise InvalidRequest("address and queue name must not be empty")
+            if not (rules.auto_create_queues and rules.auto_create_addresses):
+                return self._no_route(address, queue, body, headers, persistent, now_ns, fx)
+            settings = rules.queue_config()
+            q = self._add_queue(address, queue, settings)
+            fx.queues_created.append((address, queue, settings))
+        msg_id = self._next_id
+        self._next_id += 1
+        m = Message(
+            msg_id=msg_id,
+            queue=queue,
+            address=address,
+            body=body,
+            headers=headers,
+            persistent=persistent and q.settings.durable,
+            enqueued_ns=now_ns,
+        )
+        fx.added.append(m)
+        q.enqueue(m, now_ns, fx)
+        self._dead_letter(now_ns, fx)
+        return msg_id, fx
+
+    def queues_of(self, address: str) -> list[Queue]:
+        """The queues bound to `address` on this node (none if it does not exist)."""
+        a = self._addresses.get(address)
+        return [self._queues[name] for name in a.queues] if a is not None else []
+
+    def ensure_internal_queue(self, name: str, settings: QueueConfig) -> Effects:
+        """An internal queue (address = its name), created if missing; the Effects persist it."""
+        fx = Effects()
+        if name not in self._queues:
+            self._add_queue(name, name, settings)
+            fx.queues_created.append((name, name, settings))
+        return fx
+
+    def _no_route(
+        self,
+        address: str,
+        queue: str,
+        body: bytes,
+        headers: dict[str, str],
+        persistent: bool,
+        now_ns: int,
+        fx: Effects,
+    ) -> tuple[int | None, Effects]:
+        dla = self.config.settings_for(address).dead_letter_address
+        if not dla or dla == address:
+            return None, fx
+        try:
+            self.check_address(dla)
+        except UnknownAddress:
+            return None, fx
+        a = self._addresses.get(dla) or self._auto_create(dla, fx)
+        dead_headers = {**headers, ORIGINAL_ADDRESS_HEADER: address, ORIGINAL_QUEUE_HEADER: queue}
+        msg_id = self._route(a, body, dead_headers, persistent, now_ns, fx)
+        return msg_id, fx
+
     def subscribe(
         self, queue: str, consumer_id: str, name: str, prefetch: int, now_ns: int
     ) -> Effects:

@@ -30,6 +30,7 @@ from broker.store import Store, StoreError
 
 if TYPE_CHECKING:
     from broker.stomp.server import StompServer
+    from cluster.node import ClusterNode
 
 TICK_S = 0.05
 STORE_FILE = "store.db"
@@ -103,6 +104,7 @@ class Node:
         self._unwritten: dict[int, asyncio.Future[None]] = {}  # msg id -> write that adds it
         self._tasks: list[asyncio.Task[None]] = []
         self.failed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+        self.cluster: ClusterNode | None = None  # set by start() when `cluster` is configured
 
     @property
     def store(self) -> Store:
@@ -135,6 +137,8 @@ class Node:
             await self.store.close()
             raise StartupError(str(err)) from None
         await self._server.start()
+        if self.config.cluster is not None:
+            await self._start_cluster()
         await mark_serving(self._health)
         self._tasks = [
             asyncio.create_task(self._tick_loop(), name="tick"),
@@ -155,6 +159,8 @@ class Node:
         log.info("node stopping")
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
+        if self.cluster is not None:
+            await self.cluster.stop()
         for stream in list(self.streams.values()):
             stream.end("UNAVAILABLE", "the node is shutting down")
         if self._stomp is not None:
@@ -167,6 +173,17 @@ class Node:
         if self._store is not None:
             await self._store.close()
         log.info("node stopped")
+
+    async def _start_cluster(self) -> None:
+        """Cluster connections (cluster/): listen.cluster, gossip, store-and-forward bridges."""
+        from cluster.node import ClusterNode  # cluster/ imports this module
+
+        self.cluster = ClusterNode(self)
+        try:
+            await self.cluster.start()
+        except OSError as err:
+            await self.stop(0)
+            raise StartupError(str(err)) from None
 
     def fail(self, err: BaseException) -> None:
         """A fault the node cannot serve through (a store write failed): it must stop."""

@@ -57,8 +57,9 @@ import os
 import queue
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import structlog
@@ -98,6 +99,11 @@ _SCHEMA = (
     "CREATE UNIQUE INDEX IF NOT EXISTS messages_key ON messages (msg_id, queue)",
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)",
     "INSERT OR IGNORE INTO meta (key, value) VALUES ('max_msg_id', 0)",
+    # Store-and-forward: per origin, the highest forwarded sequence held here (exactly once).
+    "CREATE TABLE IF NOT EXISTS marks (origin TEXT PRIMARY KEY, seq INTEGER NOT NULL)",
+    # Names this store to the peers it forwards to: a wiped data dir restarts its msg ids, and
+    # receivers must not drop those as duplicates of the old store's.
+    "INSERT OR IGNORE INTO meta (key, value) VALUES ('store_id', abs(random() >> 1))",
 )
 _INSERT = (
     "INSERT OR REPLACE INTO messages (msg_id, queue, address, headers, delivery_count, grp,"
@@ -109,6 +115,11 @@ _SAVE_QUEUE = (
     "INSERT INTO queues (name, address, settings) VALUES (?, ?, ?) ON CONFLICT (name)"
     " DO UPDATE SET address = excluded.address, settings = excluded.settings"
 )
+_UPSERT_MARK = (
+    "INSERT INTO marks (origin, seq) VALUES (?, ?) ON CONFLICT (origin)"
+    " DO UPDATE SET seq = max(seq, excluded.seq)"
+)
+_NO_MARKS: Mapping[str, int] = MappingProxyType({})
 _SELECT_MESSAGES = (
     "SELECT msg_id, queue, address, headers, delivery_count, grp, group_seq, enqueued_ns, body"
     " FROM messages ORDER BY msg_id, queue"
@@ -315,6 +326,16 @@ class Store:
                 )
         return messages
 
+    def load_marks(self) -> dict[str, int]:
+        """Per forwarding origin, the highest sequence stored here (see `write(marks=...)`)."""
+        with self._reader() as conn:
+            return dict(conn.execute("SELECT origin, seq FROM marks"))
+
+    def store_id(self) -> int:
+        """A random number fixed when the store file was created: this store's identity."""
+        with self._reader() as conn:
+            return int(conn.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()[0])
+
     def max_msg_id(self) -> int:
         """Highest msg_id ever stored (also after its removal), so ids never repeat; 0 if none."""
         return self._max_id
@@ -339,19 +360,24 @@ class Store:
         added: Sequence[Message] = (),
         removed: Sequence[Message] = (),
         updated: Sequence[Message] = (),
+        marks: Mapping[str, int] = _NO_MARKS,
     ) -> None:
         """Store, remove and update (delivery count of) persistent messages, durably.
 
         Within one call adds apply first, then updates, then removals; calls apply in call
         order. Non-persistent messages are ignored; with nothing persistent this returns at
         once. Resolves after the transaction holding this call is committed and fsynced.
+        `marks` raises forwarding high-water marks (origin -> seq, never lowered) in the same
+        transaction as the messages, so a forwarded message and the fact that it arrived are
+        durable together or not at all.
         """
         adds = _rows(added)
         dels = [(m.msg_id, m.queue) for m in removed if m.persistent]
         upds = [(m.delivery_count, m.msg_id, m.queue) for m in updated if m.persistent]
-        size = len(adds) + len(dels) + len(upds)
+        ups = list(marks.items())
+        size = len(adds) + len(dels) + len(upds) + len(ups)
         if size:
-            await self._submit(_Request(_WRITE, (adds, dels, upds), size))
+            await self._submit(_Request(_WRITE, (adds, dels, upds, ups), size))
 
     async def save_queue(self, address: str, queue: str, settings: dict) -> None:
         """Create or replace a queue definition (JSON-serialisable settings), durably."""
@@ -461,7 +487,9 @@ class Store:
         try:
             for request in batch:
                 if request.kind == _WRITE:
-                    adds, dels, upds = request.payload
+                    adds, dels, upds, ups = request.payload
+                    if ups:
+                        conn.executemany(_UPSERT_MARK, ups)
                     for row in adds:
                         net[(row[0], row[1])] = row
                         max_id = max(max_id, row[0])

@@ -1,0 +1,112 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class HandlerType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    HANDLER_NONE: _ClassVar[HandlerType]
+    HANDLER_LOCAL: _ClassVar[HandlerType]
+    HANDLER_REMOTE: _ClassVar[HandlerType]
+HANDLER_NONE: HandlerType
+HANDLER_LOCAL: HandlerType
+HANDLER_REMOTE: HandlerType
+
+class QueueInstance(_message.Message):
+    __slots__ = ("address", "queue", "consumers")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    CONSUMERS_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    queue: str
+    consumers: int
+    def __init__(self, address: _Optional[str] = ..., queue: _Optional[str] = ..., consumers: _Optional[int] = ...) -> None: ...
+
+class NodeState(_message.Message):
+    __slots__ = ("cluster_name", "node_id", "cluster_address", "handler", "instances", "incarnation", "version")
+    CLUSTER_NAME_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    HANDLER_FIELD_NUMBER: _ClassVar[int]
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    cluster_name: str
+    node_id: str
+    cluster_address: str
+    handler: HandlerType
+    instances: _containers.RepeatedCompositeFieldContainer[QueueInstance]
+    incarnation: int
+    version: int
+    def __init__(self, cluster_name: _Optional[str] = ..., node_id: _Optional[str] = ..., cluster_address: _Optional[str] = ..., handler: _Optional[_Union[HandlerType, str]] = ..., instances: _Optional[_Iterable[_Union[QueueInstance, _Mapping]]] = ..., incarnation: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
+
+class InspectRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NodeInfo(_message.Message):
+    __slots__ = ("state", "connected", "local", "down_since_unix_ms")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_FIELD_NUMBER: _ClassVar[int]
+    DOWN_SINCE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    state: NodeState
+    connected: bool
+    local: bool
+    down_since_unix_ms: int
+    def __init__(self, state: _Optional[_Union[NodeState, _Mapping]] = ..., connected: _Optional[bool] = ..., local: _Optional[bool] = ..., down_since_unix_ms: _Optional[int] = ...) -> None: ...
+
+class InspectResponse(_message.Message):
+    __slots__ = ("node_id", "nodes", "problems")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    PROBLEMS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeInfo]
+    problems: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., problems: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ForwardedMessage(_message.Message):
+    __slots__ = ("seq", "queue", "address", "body", "headers", "persistent")
+    class HeadersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    HEADERS_FIELD_NUMBER: _ClassVar[int]
+    PERSISTENT_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    queue: str
+    address: str
+    body: bytes
+    headers: _containers.ScalarMap[str, str]
+    persistent: bool
+    def __init__(self, seq: _Optional[int] = ..., queue: _Optional[str] = ..., address: _Optional[str] = ..., body: _Optional[bytes] = ..., headers: _Optional[_Mapping[str, str]] = ..., persistent: _Optional[bool] = ...) -> None: ...
+
+class ForwardBatch(_message.Message):
+    __slots__ = ("origin", "origin_store", "target_node", "messages")
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_STORE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_NODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    origin: str
+    origin_store: int
+    target_node: str
+    messages: _containers.RepeatedCompositeFieldContainer[ForwardedMessage]
+    def __init__(self, origin: _Optional[str] = ..., origin_store: _Optional[int] = ..., target_node: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ForwardedMessage, _Mapping]]] = ...) -> None: ...
+
+class ForwardAck(_message.Message):
+    __slots__ = ("seq",)
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    def __init__(self, seq: _Optional[int] = ...) -> None: ...

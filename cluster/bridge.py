@@ -1,0 +1,323 @@
+"""Store-and-forward: moving messages to the node that holds their target queue, exactly once.
+
+Sender side (`Bridge`, one per peer): messages for a peer wait in the internal durable FIFO
+queue `$sf.<cluster>.<peer>`. While the peer is reachable the bridge consumes that queue like
+any consumer (a window of `PREFETCH` deliveries through the core, arriving on a
+`ConsumerStream`), sends them as `Forward` batches and acks each delivery once the peer says
+it holds it durably. When the link drops, the bridge closes its consumer: the core returns
+the in-flight messages to the head of the queue in order, and they are sent again later.
+
+Receiver side (`ForwardReceiver`): each forwarded message is enqueued into its named queue
+and the per-origin high-water mark is raised in the same store transaction; anything at or
+below the mark is a resend and is dropped. Only then is the batch acknowledged. Sequences are
+the message ids of the origin's SF queue, which only ever grow, so one number per origin
+(and origin store) is the whole deduplication state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import deque
+from typing import TYPE_CHECKING
+
+import grpc
+from grpc import aio
+
+from broker import logs
+from broker.config import QueueConfig
+from broker.core import CoreError
+from broker.node import ConsumerStream, now_ns
+from broker.pb import cluster_pb2 as pb
+from broker.pb import cluster_pb2_grpc as pb_grpc
+from broker.queue import Delivery, Effects
+from cluster.connector import CHANNEL_OPTIONS
+
+if TYPE_CHECKING:
+    from broker.node import Node
+    from cluster.node import ClusterNode
+
+log = logs.get("cluster")
+
+FORWARD_HEADER = "_pinmq_fwd"  # SF queue: the target queue; at the receiver: "origin:seq"
+PREFETCH = 500  # forwarded messages in flight per peer, unacknowledged by it
+BATCH_BYTES = 1 << 20  # a ForwardBatch is cut after this many body bytes
+SF_PREFIX = "$sf."
+# FIFO (grouping off), durable, and never dead-lettered however often a link flaps.
+SF_SETTINGS = QueueConfig(
+    durable=True, group_buckets=0, max_delivery_attempts=1 << 62, dead_letter_address=None
+)
+
+
+def sf_queue(cluster_name: str, node_id: str) -> str:
+    """The store-and-forward queue holding messages on their way to `node_id`."""
+    return f"{SF_PREFIX}{cluster_name}.{node_id}"
+
+
+def apply_with_marks(node: Node, fx: Effects, marks: dict[str, int]) -> asyncio.Future[None]:
+    """`Node.apply`, with forwarding marks in the same store write as the added messages.
+
+    Mirrors `Node.apply` step by step (queue definitions first, then one message write whose
+    added messages gate their deliveries), because the marks must commit atomically with the
+    messages and `Node.apply` has no way to carry them.
+    """
+    store = node.store
+    for address, name, settings in fx.queues_created:
+        if settings.durable:
+            dump = settings.model_dump(mode="json", by_alias=True)
+            node._watch(store.save_queue(address, name, dump))
+    added = [m for m in fx.added if m.persistent]
+    removed = [m for m in fx.removed if m.persistent]
+    updated = [m for m in fx.updated if m.persistent]
+    write = node._watch(store.write(added=added, removed=removed, updated=updated, marks=marks))
+    if added:
+        node._track(added, write)
+    node.apply(Effects(deliveries=fx.deliveries))  # each waits for the write adding its message
+    return write
+
+
+# ---- receiving ------------------------------------------------------------------------------
+
+
+class ForwardReceiver:
+    """Enqueues forwarded batches into local queues exactly once per origin sequence."""
+
+    def __init__(self, cluster: ClusterNode) -> None:
+        self.cluster = cluster
+        self._accepted: dict[str, int] = {}  # origin key -> highest seq enqueued (maybe unwritten)
+        self._writes: dict[str, asyncio.Future[None]] = {}  # origin key -> latest mark write
+        self.duplicates = 0
+        self.dropped = 0
+
+    def load(self, marks: dict[str, int]) -> None:
+        self._accepted = dict(marks)
+
+    def receive(self, batch: pb.ForwardBatch) -> tuple[int, asyncio.Future[None] | None]:
+        """Enqueue a batch now; returns the seq to acknowledge and the write to await first."""
+        key = f"{batch.origin}/{batch.origin_store}"
+        mark = top = self._accepted.get(key, 0)
+        node = self.cluster.node
+        core = node.core
+        now = now_ns()
+        fx = Effects()
+        for m in batch.messages:
+            if m.seq <= top:
+                self.duplicates += 1
+                continue
+            top = m.seq
+            headers = {k: m.headers[k] for k in m.headers}
+            headers[FORWARD_HEADER] = f"{batch.origin}:{m.seq}"
+            try:
+                if m.queue.startswith(SF_PREFIX):  # would forward it on: max-hops is 1
+                    raise CoreError(f"{m.queue!r} is an internal queue")
+                msg_id, more = core.deliver_to(
+                    m.queue, m.address, m.body, headers, m.persistent, now
+                )
+            except CoreError as err:
+                self.dropped += 1
+                log.error(
+                    "forwarded message dropped", origin=batch.origin, seq=m.seq, error=str(err)
+                )
+                continue
+            if msg_id is None:
+                self.dropped += 1
+                log.warning(
+                    "forwarded message dropped: no queue and no dead-letter address",
+                    origin=batch.origin,
+                    seq=m.seq,
+                    queue=m.queue,
+                )
+            fx.merge(more)
+        if top == mark:
+            write = self._writes.get(key)
+            return mark, write if write is not None and not write.done() else None
+        self._accepted[key] = top
+        write = self._writes[key] = apply_with_marks(node, fx, {key: top})
+        return top, write
+
+    async def serve(self, context: aio.ServicerContext) -> None:
+        """One Forward stream: batches are enqueued as they arrive, acks follow their writes."""
+        me = self.cluster.node_id
+        acks: asyncio.Queue[tuple[int, asyncio.Future[None] | None] | None] = asyncio.Queue()
+
+        async def take() -> None:
+            try:
+                while (batch := await context.read()) is not aio.EOF:
+                    if batch.target_node != me:
+                        raise _Misrouted(
+                            f"forward batch for node {batch.target_node!r} reached node {me!r}"
+                        )
+                    acks.put_nowait(self.receive(batch))
+            finally:
+                acks.put_nowait(None)
+
+        reader = asyncio.create_task(take())
+        try:
+            while (item := await acks.get()) is not None:
+                seq, write = item
+                if write is not None:
+                    await write
+                await context.write(pb.ForwardAck(seq=seq))
+            await reader  # raises what ended the reading
+        except _Misrouted as err:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+        finally:
+            reader.cancel()
+
+
+class _Misrouted(Exception):
+    pass
+
+
+# ---- sending --------------------------------------------------------------------------------
+
+
+class _QueueGone(Exception):
+    """The SF queue was deleted (by an operator): the bridge ends until the next forward."""
+
+
+class Bridge:
+    """Drains one peer's SF queue to that peer whenever it is reachable."""
+
+    def __init__(self, cluster: ClusterNode, peer: str) -> None:
+        self.cluster = cluster
+        self.peer = peer
+        self.queue = sf_queue(cluster.config.name, peer)
+        self.sent = 0
+        self.acked = 0
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self._run(), name=f"bridge:{self.peer}")
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        cluster = self.cluster
+        interval = cluster.config.reconnect_interval / 1000
+        logged: str | None = None
+        try:
+            while True:
+                address = await cluster.reachable(self.peer)
+                try:
+                    await self._session(address)
+                    reason = "the peer ended the forward stream"
+                except grpc.RpcError as err:
+                    code = err.code()
+                    reason = f"{code.name if code else 'UNKNOWN'}: {err.details()}"
+                except ConnectionError as err:
+                    reason = str(err)
+                except _QueueGone:
+                    raise
+                except Exception as err:  # a bug must not end forwarding for good
+                    log.exception("bridge failed", peer=self.peer)
+                    reason = repr(err)
+                if reason != logged:
+                    log.info("bridge down", peer=self.peer, address=address, reason=reason)
+                    logged = reason
+                await asyncio.sleep(interval)
+        except _QueueGone:
+            log.info("bridge ended: its queue was deleted", peer=self.peer, queue=self.queue)
+        finally:
+            cluster.bridge_ended(self)
+
+    async def _session(self, address: str) -> None:
+        node, core = self.cluster.node, self.cluster.node.core
+        consumer_id = f"bridge-{uuid.uuid4().hex[:12]}"
+        stream = ConsumerStream(consumer_id, self.queue)
+        inflight: deque[tuple[int, int]] = deque()  # (seq, delivery id), in delivery order
+        async with aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+            call = pb_grpc.ClusterStub(channel).Forward()
+            try:
+                name = f"bridge to {self.peer}"
+                fx = core.subscribe(self.queue, consumer_id, name, PREFETCH, now_ns())
+            except CoreError:
+                call.cancel()
+                raise _QueueGone from None
+            node.streams[consumer_id] = stream
+            tasks: list[asyncio.Task[None]] = []
+            try:
+                node.apply(fx)
+                tasks = [
+                    asyncio.create_task(self._send(call, stream, inflight)),
+                    asyncio.create_task(self._receive(call, consumer_id, inflight)),
+                ]
+                await asyncio.wait([*tasks, stream.ended], return_when=asyncio.FIRST_COMPLETED)
+                if stream.ended.done():
+                    code, _ = stream.ended.result()
+                    if code == "NOT_FOUND":
+                        raise _QueueGone
+                    raise ConnectionError("the node is shutting down")
+                for task in tasks:
+                    if task.done():
+                        task.result()
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                call.cancel()
+                node.streams.pop(consumer_id, None)
+                # In-flight messages go back to the head of the queue, in order.
+                node.apply(core.close_consumer(self.queue, consumer_id, now_ns()))
+
+    async def _send(
+        self, call: aio.StreamStreamCall, stream: ConsumerStream, inflight: deque[tuple[int, int]]
+    ) -> None:
+        outbound = stream.outbound
+        while True:
+            items = [await outbound.get()]
+            while not outbound.empty():
+                items.append(outbound.get_nowait())
+            batch = self._batch()
+            size = 0
+            for item in items:
+                if not isinstance(item, list):
+                    continue  # a receipt: the bridge never asks for one
+                for d in item:
+                    if size >= BATCH_BYTES:
+                        await call.write(batch)
+                        batch, size = self._batch(), 0
+                    self._add(batch, d)
+                    inflight.append((d.message.msg_id, d.delivery_id))
+                    size += len(d.message.body)
+            if batch.messages:
+                await call.write(batch)
+
+    def _batch(self) -> pb.ForwardBatch:
+        cluster = self.cluster
+        return pb.ForwardBatch(
+            origin=cluster.node_id, origin_store=cluster.store_id, target_node=self.peer
+        )
+
+    def _add(self, batch: pb.ForwardBatch, d: Delivery) -> None:
+        m = d.message
+        headers = dict(m.headers)
+        target = headers.pop(FORWARD_HEADER, m.address)
+        batch.messages.add(
+            seq=m.msg_id,
+            queue=target,
+            address=m.address,
+            body=m.body,
+            headers=headers,
+            persistent=m.persistent,
+        )
+        self.sent += 1
+
+    async def _receive(
+        self, call: aio.StreamStreamCall, consumer_id: str, inflight: deque[tuple[int, int]]
+    ) -> None:
+        node, core = self.cluster.node, self.cluster.node.core
+        while (ack := await call.read()) is not aio.EOF:
+            ids = []
+            while inflight and inflight[0][0] <= ack.seq:
+                ids.append(inflight.popleft()[1])
+            if ids:
+                self.acked += len(ids)
+                try:
+                    node.apply(core.ack(self.queue, consumer_id, ids, now_ns()))
+                except CoreError:
+                    raise _QueueGone from None
+        raise ConnectionError("the peer ended the forward stream")

@@ -1,0 +1,51 @@
+"""The `pinmq.cluster.v1.Cluster` gRPC service: the server ends of gossip and forwarding."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from grpc import aio
+
+from broker.pb import cluster_pb2 as pb
+from broker.pb import cluster_pb2_grpc as pb_grpc
+from cluster.connector import GossipLink, state_to_pb
+
+if TYPE_CHECKING:
+    from cluster.node import ClusterNode
+
+
+class ClusterService(pb_grpc.ClusterServicer):
+    def __init__(self, cluster: ClusterNode) -> None:
+        self.cluster = cluster
+
+    async def Gossip(
+        self, request_iterator: AsyncIterator[pb.NodeState], context: aio.ServicerContext
+    ) -> None:
+        with self.cluster.serving():
+            await GossipLink(self.cluster, via=None).serve(context)
+
+    async def Forward(
+        self, request_iterator: AsyncIterator[pb.ForwardBatch], context: aio.ServicerContext
+    ) -> None:
+        with self.cluster.serving():
+            await self.cluster.receiver.serve(context)
+
+    async def Inspect(
+        self, request: pb.InspectRequest, context: aio.ServicerContext
+    ) -> pb.InspectResponse:
+        cluster = self.cluster
+        name = cluster.config.name
+        return pb.InspectResponse(
+            node_id=cluster.node_id,
+            nodes=[
+                pb.NodeInfo(
+                    state=state_to_pb(view.state, name),
+                    connected=view.connected,
+                    local=view.local,
+                    down_since_unix_ms=(view.down_since_ns or 0) // 1_000_000,
+                )
+                for view in cluster.topology.nodes()
+            ],
+            problems=cluster.problems(),
+        )
