@@ -53,7 +53,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import json
-import os
 import queue
 import sqlite3
 import threading
@@ -64,6 +63,7 @@ from typing import Any
 
 import structlog
 
+from broker import sqlite_file
 from broker.message import Message
 
 log = structlog.get_logger(__name__)
@@ -76,7 +76,6 @@ VACUUM_STEP_PAGES = 1024  # ~10-20 ms of work: the most a new write waits behind
 JOURNAL_SIZE_LIMIT = 16 * 1024 * 1024
 CACHE_KIB = 16 * 1024
 BUSY_TIMEOUT_MS = 5000
-_SQLITE_MAGIC = b"SQLite format 3\x00"
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS queues (
@@ -233,9 +232,15 @@ class Store:
             raise StoreError(f"{path}: cannot create the directory: {exc}") from exc
         if path.exists() and not path.is_file():
             raise StoreError(f"{path}: exists but is not a regular file")
-        fresh = _size(path) == 0 and _size(_wal(path)) == 0
+        fresh = sqlite_file.is_fresh(path)
         if not fresh:
-            _verify(path)
+            sqlite_file.verify(
+                path,
+                what="pinmq store",
+                application_id=APPLICATION_ID,
+                schema_version=SCHEMA_VERSION,
+                error=StoreError,
+            )
         store = cls(path, max_bytes)
         store._start(fresh)
         return store
@@ -282,7 +287,7 @@ class Store:
             conn.close()
             raise StoreError(f"{self.path}: cannot initialise the store: {exc}") from exc
         if fresh:
-            _fsync_dir(self.path.parent)
+            sqlite_file.fsync_dir(self.path.parent)
         return conn
 
     # ------------------------------------------------------------------ start-up reads
@@ -343,7 +348,7 @@ class Store:
     @contextlib.contextmanager
     def _reader(self) -> Iterator[sqlite3.Connection]:
         try:
-            conn = _read_only(self.path)
+            conn = sqlite_file.read_only(self.path)
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: cannot open for reading: {exc}") from exc
         try:
@@ -401,7 +406,7 @@ class Store:
 
     def disk_bytes(self) -> int:
         """Bytes on disk: database file plus WAL file."""
-        return _size(self.path) + _size(_wal(self.path))
+        return sqlite_file.disk_bytes(self.path)
 
     async def _submit(self, request: _Request, closing: bool = False) -> None:
         if self._closed and not closing:
@@ -618,79 +623,3 @@ def _call_soon(
         return
     with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
         loop.call_soon_threadsafe(_settle, items)
-
-
-def _wal(path: Path) -> Path:
-    return path.with_name(path.name + "-wal")
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
-
-
-def _read_only(path: Path) -> sqlite3.Connection:
-    """A connection that cannot modify the database file (it is opened O_RDONLY)."""
-    return sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
-
-
-def _verify(path: Path) -> None:
-    """Reject anything but an intact pinmq (or empty) SQLite database, read-only."""
-    try:
-        with path.open("rb") as f:
-            header = f.read(100)
-    except OSError as exc:
-        raise StoreError(f"{path}: cannot read: {exc}") from exc
-    if header and (len(header) < 100 or not header.startswith(_SQLITE_MAGIC)):
-        raise StoreError(f"{path}: not a SQLite database (bad file header); refusing to use it")
-    if header and _size(_wal(path)) == 0:
-        # Without a WAL to replay, the file must hold every page its header counts (the count
-        # is trusted only when the change counter matches its version-valid-for number).
-        page_size = int.from_bytes(header[16:18], "big")
-        page_size = 65536 if page_size == 1 else page_size
-        pages = int.from_bytes(header[28:32], "big")
-        if header[24:28] == header[92:96] and _size(path) < pages * page_size:
-            raise StoreError(
-                f"{path}: database is truncated: the header counts {pages} pages of "
-                f"{page_size} bytes but the file has {_size(path)} bytes"
-            )
-    try:
-        conn = _read_only(path)
-    except sqlite3.Error as exc:
-        raise StoreError(f"{path}: cannot open: {exc}") from exc
-    try:
-        problems = [row[0] for row in conn.execute("PRAGMA quick_check(5)")]
-        if problems != ["ok"]:
-            detail = "; ".join(" ".join(p.split()) for p in problems)[:500]
-            raise StoreError(f"{path}: database is corrupt or truncated: {detail}")
-        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
-    except sqlite3.DatabaseError as exc:
-        raise StoreError(f"{path}: database is corrupt or unreadable: {exc}") from exc
-    finally:
-        conn.close()
-    if tables and app_id != APPLICATION_ID:
-        raise StoreError(
-            f"{path}: a SQLite database but not a pinmq store (application_id {app_id}, "
-            f"tables {', '.join(sorted(tables))})"
-        )
-    if version > SCHEMA_VERSION:
-        raise StoreError(
-            f"{path}: store schema version {version} is newer than supported {SCHEMA_VERSION}"
-        )
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make a newly created file's directory entry durable (best effort where unsupported)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        with contextlib.suppress(OSError):
-            os.fsync(fd)
-    finally:
-        os.close(fd)

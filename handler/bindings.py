@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import os
 import queue
 import sqlite3
 import threading
@@ -26,6 +25,7 @@ from typing import Any
 
 import structlog
 
+from broker import sqlite_file
 from handler.arbiter import Binding, Key
 
 log = structlog.get_logger(__name__)
@@ -36,7 +36,6 @@ SCHEMA_VERSION = 1
 MAX_BATCH_OPS = 5000
 JOURNAL_SIZE_LIMIT = 4 * 1024 * 1024
 BUSY_TIMEOUT_MS = 5000
-_SQLITE_MAGIC = b"SQLite format 3\x00"
 _SCHEMA = """CREATE TABLE IF NOT EXISTS bindings (
     grp TEXT NOT NULL,
     queue TEXT NOT NULL,
@@ -82,9 +81,15 @@ class BindingStore:
             raise BindingStoreError(f"{path}: cannot create the directory: {exc}") from exc
         if path.exists() and not path.is_file():
             raise BindingStoreError(f"{path}: exists but is not a regular file")
-        fresh = _size(path) == 0 and _size(_wal(path)) == 0
+        fresh = sqlite_file.is_fresh(path)
         if not fresh:
-            _verify(path)
+            sqlite_file.verify(
+                path,
+                what="pinmq bindings file",
+                application_id=APPLICATION_ID,
+                schema_version=SCHEMA_VERSION,
+                error=BindingStoreError,
+            )
         store = cls(path)
         ready: concurrent.futures.Future[None] = concurrent.futures.Future()
         store._thread = threading.Thread(
@@ -97,7 +102,7 @@ class BindingStore:
     def load(self) -> list[Binding]:
         """Every stored binding (committed ones, read through a read-only connection)."""
         try:
-            conn = _read_only(self.path)
+            conn = sqlite_file.read_only(self.path)
         except sqlite3.Error as exc:
             raise BindingStoreError(f"{self.path}: cannot open for reading: {exc}") from exc
         try:
@@ -241,7 +246,7 @@ class BindingStore:
             conn.close()
             raise BindingStoreError(f"{self.path}: cannot initialise: {exc}") from exc
         if fresh:
-            _fsync_dir(self.path.parent)
+            sqlite_file.fsync_dir(self.path.parent)
         return conn
 
 
@@ -266,76 +271,3 @@ def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
         future.set_result(None)
     else:
         future.set_exception(error)
-
-
-def _wal(path: Path) -> Path:
-    return path.with_name(path.name + "-wal")
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
-
-
-def _read_only(path: Path) -> sqlite3.Connection:
-    return sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
-
-
-def _verify(path: Path) -> None:
-    """Reject anything but an intact (or empty) pinmq bindings database, read-only."""
-    try:
-        with path.open("rb") as f:
-            header = f.read(100)
-    except OSError as exc:
-        raise BindingStoreError(f"{path}: cannot read: {exc}") from exc
-    if header and (len(header) < 100 or not header.startswith(_SQLITE_MAGIC)):
-        raise BindingStoreError(f"{path}: not a SQLite database (bad file header)")
-    if header and _size(_wal(path)) == 0:
-        page_size = int.from_bytes(header[16:18], "big")
-        page_size = 65536 if page_size == 1 else page_size
-        pages = int.from_bytes(header[28:32], "big")
-        if header[24:28] == header[92:96] and _size(path) < pages * page_size:
-            raise BindingStoreError(
-                f"{path}: database is truncated: the header counts {pages} pages of "
-                f"{page_size} bytes but the file has {_size(path)} bytes"
-            )
-    try:
-        conn = _read_only(path)
-    except sqlite3.Error as exc:
-        raise BindingStoreError(f"{path}: cannot open: {exc}") from exc
-    try:
-        problems = [row[0] for row in conn.execute("PRAGMA quick_check(5)")]
-        if problems != ["ok"]:
-            detail = "; ".join(" ".join(p.split()) for p in problems)[:500]
-            raise BindingStoreError(f"{path}: database is corrupt: {detail}")
-        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
-    except sqlite3.DatabaseError as exc:
-        raise BindingStoreError(f"{path}: database is corrupt or unreadable: {exc}") from exc
-    finally:
-        conn.close()
-    if tables and app_id != APPLICATION_ID:
-        raise BindingStoreError(
-            f"{path}: a SQLite database but not pinmq bindings (application_id {app_id}, "
-            f"tables {', '.join(sorted(tables))})"
-        )
-    if version > SCHEMA_VERSION:
-        raise BindingStoreError(
-            f"{path}: bindings schema version {version} is newer than supported {SCHEMA_VERSION}"
-        )
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make a newly created file's directory entry durable (best effort)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        with contextlib.suppress(OSError):
-            os.fsync(fd)
-    finally:
-        os.close(fd)

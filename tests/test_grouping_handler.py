@@ -178,7 +178,7 @@ async def test_a_foreign_sqlite_file_is_refused(tmp_path: Path) -> None:
     conn.execute("CREATE TABLE t (x)")
     conn.commit()
     conn.close()
-    with pytest.raises(BindingStoreError, match="not pinmq bindings"):
+    with pytest.raises(BindingStoreError, match="not a pinmq bindings file"):
         await LocalHandler(section(), "n1", tmp_path).start()
 
 

@@ -1,0 +1,102 @@
+"""Checks and helpers shared by pinmq's SQLite files (the message store, the bindings).
+
+A file is verified read-only before anything may write to it, so a corrupt, truncated or
+foreign file is refused with a message naming it and is left exactly as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+from pathlib import Path
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def wal_path(path: Path) -> Path:
+    return path.with_name(path.name + "-wal")
+
+
+def file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def disk_bytes(path: Path) -> int:
+    """Database file plus WAL file."""
+    return file_size(path) + file_size(wal_path(path))
+
+
+def is_fresh(path: Path) -> bool:
+    """No database and no WAL yet: the file may be created."""
+    return disk_bytes(path) == 0
+
+
+def read_only(path: Path) -> sqlite3.Connection:
+    """A connection that cannot modify the database file (it is opened O_RDONLY)."""
+    return sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
+
+
+def verify(
+    path: Path, *, what: str, application_id: int, schema_version: int, error: type[Exception]
+) -> None:
+    """Raise `error` unless `path` is an intact (or empty) SQLite file of this kind (`what`)."""
+    try:
+        with path.open("rb") as f:
+            header = f.read(100)
+    except OSError as exc:
+        raise error(f"{path}: cannot read: {exc}") from exc
+    if header and (len(header) < 100 or not header.startswith(_SQLITE_MAGIC)):
+        raise error(f"{path}: not a SQLite database (bad file header); refusing to use it")
+    if header and file_size(wal_path(path)) == 0:
+        # Without a WAL to replay, the file must hold every page its header counts (the count
+        # is trusted only when the change counter matches its version-valid-for number).
+        page_size = int.from_bytes(header[16:18], "big")
+        page_size = 65536 if page_size == 1 else page_size
+        pages = int.from_bytes(header[28:32], "big")
+        if header[24:28] == header[92:96] and file_size(path) < pages * page_size:
+            raise error(
+                f"{path}: database is truncated: the header counts {pages} pages of "
+                f"{page_size} bytes but the file has {file_size(path)} bytes"
+            )
+    try:
+        conn = read_only(path)
+    except sqlite3.Error as exc:
+        raise error(f"{path}: cannot open: {exc}") from exc
+    try:
+        problems = [row[0] for row in conn.execute("PRAGMA quick_check(5)")]
+        if problems != ["ok"]:
+            detail = "; ".join(" ".join(p.split()) for p in problems)[:500]
+            raise error(f"{path}: database is corrupt or truncated: {detail}")
+        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+    except sqlite3.DatabaseError as exc:
+        raise error(f"{path}: database is corrupt or unreadable: {exc}") from exc
+    finally:
+        conn.close()
+    if tables and app_id != application_id:
+        raise error(
+            f"{path}: a SQLite database but not a {what} (application_id {app_id}, "
+            f"tables {', '.join(sorted(tables))})"
+        )
+    if version > schema_version:
+        raise error(
+            f"{path}: {what} schema version {version} is newer than supported {schema_version}"
+        )
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a newly created file's directory entry durable (best effort where unsupported)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+    finally:
+        os.close(fd)
