@@ -1,10 +1,10 @@
-# Two set-up commands for a fresh machine: `make up` (a node) and `make test` (the suite).
+# Two set-up commands for a fresh machine: `make up` (the three-node cluster) and `make test`.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up down test lint proto bench clean
+.PHONY: up down standalone test lint proto bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -13,6 +13,12 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 up: $(STAMP)
+	$(BIN)/pinmq up deploy/node1.yaml deploy/node2.yaml deploy/node3.yaml
+
+down: $(STAMP)
+	$(BIN)/pinmq down
+
+standalone: $(STAMP)
 	$(BIN)/pinmq node --config deploy/standalone.yaml
 
 test: $(STAMP)

@@ -1,7 +1,8 @@
 """The `pinmq` command: run a node, or talk to one (send, consume, inspect queues and groups).
 
-Errors print one line `pinmq: error: ...` and exit 1 (2 for usage and config errors). Progress
-bars appear only on a terminal, so piped output stays machine-readable.
+Errors print one line `pinmq: error: ...` and exit 1 (2 for usage and config errors).
+`pinmq check` (pipeline/) exits 0 when the history is clean, 1 on violations, 2 on bad input.
+Progress bars appear only on a terminal, so piped output stays machine-readable.
 """
 
 from __future__ import annotations
@@ -25,6 +26,13 @@ from rich.table import Table
 from broker.client import DEFAULT_URL, Client, PinmqError, Received
 
 Printer = Callable[[str], None]
+
+
+class UsageError(PinmqError):
+    """A combination of arguments argparse cannot reject by itself (exit 2)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "INVALID_ARGUMENT")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -60,6 +68,7 @@ def _parser() -> argparse.ArgumentParser:
         "--header", action="append", default=[], metavar="K=V", type=_header, help="repeatable"
     )
     send.add_argument("--non-persistent", action="store_true")
+    send.add_argument("--audit", metavar="DIR", help="append client audit events to DIR")
 
     consume = verbs.add_parser("consume", parents=[client], help="receive and ack messages")
     consume.add_argument("queue")
@@ -74,13 +83,29 @@ def _parser() -> argparse.ArgumentParser:
     consume.add_argument("--prefetch", type=int, default=100)
     consume.add_argument("--name", help="consumer name shown by `pinmq groups`")
     consume.add_argument("--json", action="store_true", help="one JSON object per message")
+    consume.add_argument("--audit", metavar="DIR", help="append client audit events to DIR")
 
     verbs.add_parser("queues", parents=[client], help="list queues")
     groups = verbs.add_parser("groups", parents=[client], help="list the groups of a queue")
-    groups.add_argument("queue")
+    groups.add_argument("queue", nargs="?", help="required without --cluster")
+    groups.add_argument(
+        "--cluster", action="store_true", help="every node's groups and bindings, in one call"
+    )
     reset = verbs.add_parser("reset-groups", parents=[client], help="unpin groups of a queue")
-    reset.add_argument("queue")
+    reset.add_argument("queue", nargs="?", help="required without --cluster")
     reset.add_argument("--group", metavar="G", help="only this group (default: all)")
+    reset.add_argument(
+        "--cluster", action="store_true", help="unbind --group G everywhere (every node unpins it)"
+    )
+
+    check = verbs.add_parser(
+        "check", help="check audit logs for loss, duplicates, order and exclusivity (PySpark)"
+    )
+    check.add_argument("history", metavar="HISTORY_DIR", help="directory of audit segments")
+    check.add_argument(
+        "--master", default="local[*]", metavar="URL", help="Spark master (default: %(default)s)"
+    )
+    check.add_argument("--report", metavar="DIR", help="write summary.json and an HTML report")
     return parser
 
 
@@ -185,20 +210,73 @@ async def _queues(client: Client, _args: argparse.Namespace) -> None:
         if s["group_rebalance"]:
             summary += ", rebalance"
         table.add_row(q.name, q.address, str(q.depth), str(q.consumer_count), summary)
-    Console().print(table)
+    _console().print(table)
+
+
+def _console() -> Console:
+    """Tables at their natural width when piped, so no cell is cut (scripts grep them)."""
+    return Console() if sys.stdout.isatty() else Console(width=400)
+
+
+def _owner(owner: str | None, name: str | None) -> str:
+    return f"{name} ({owner})" if owner else "-"
+
+
+def _ago(when: datetime | None, now: datetime) -> str:
+    return f"{(now - when).total_seconds():.1f}s ago" if when else "-"
 
 
 async def _groups(client: Client, args: argparse.Namespace) -> None:
+    if args.cluster:
+        await _cluster_groups(client, args)
+        return
+    if args.queue is None:
+        raise UsageError("groups: a QUEUE is required without --cluster")
     table = Table("group", "owner", "pending", "outstanding", "last use")
     now = datetime.now(UTC)
     for g in await client.groups(args.queue):
-        owner = f"{g.owner_name} ({g.owner})" if g.owner else "-"
-        last = f"{(now - g.last_use).total_seconds():.1f}s ago" if g.last_use else "-"
-        table.add_row(g.group, owner, str(g.pending), str(g.outstanding), last)
-    Console().print(table)
+        table.add_row(
+            g.group,
+            _owner(g.owner, g.owner_name),
+            str(g.pending),
+            str(g.outstanding),
+            _ago(g.last_use, now),
+        )
+    _console().print(table)
+
+
+async def _cluster_groups(client: Client, args: argparse.Namespace) -> None:
+    listing = await client.cluster_groups(args.queue)
+    table = Table("group", "queue@node", "bound", "owner", "pending", "outstanding", "last use")
+    now = datetime.now(UTC)
+    for g in listing.groups:
+        table.add_row(
+            g.group,
+            f"{g.queue}@{g.node}",
+            "yes" if g.bound else "no",
+            _owner(g.owner, g.owner_name),
+            str(g.pending),
+            str(g.outstanding),
+            _ago(g.last_use, now),
+        )
+    console = _console()
+    console.print(table)
+    for problem in listing.problems:
+        console.print(f"cluster problem: {problem}", style="bold red", markup=False)
+    for who in listing.unreachable:
+        console.print(f"not answering: {who}", style="yellow", markup=False)
 
 
 async def _reset_groups(client: Client, args: argparse.Namespace) -> None:
+    if args.cluster:
+        if args.group is None:
+            raise UsageError("reset-groups --cluster: --group G is required")
+        removed = await client.cluster_reset_group(args.group, args.queue)
+        where = f" on {args.queue}" if args.queue else ""
+        print(f"unbound group {args.group}{where} cluster-wide ({removed} binding(s) removed)")
+        return
+    if args.queue is None:
+        raise UsageError("reset-groups: a QUEUE is required without --cluster")
     await client.reset_groups(args.queue, args.group)
     which = f"group {args.group}" if args.group else "all groups"
     print(f"reset {which} of {args.queue}")
@@ -214,7 +292,7 @@ _VERBS = {
 
 
 async def _run_client(args: argparse.Namespace) -> None:
-    async with Client(args.url) as client:
+    async with Client(args.url, audit=getattr(args, "audit", None)) as client:
         await _VERBS[args.verb](client, args)
 
 
@@ -233,7 +311,7 @@ def _run_local(args: argparse.Namespace) -> int:
     try:
         if args.verb == "node":
             return _run_node(args.config)
-        console = Console()
+        console = Console() if sys.stdout.isatty() else Console(width=200)  # no cut columns
         if args.verb == "up":
             return launcher.up(args.configs, Path(args.run_dir), console)
         return launcher.down(Path(args.run_dir), console)
@@ -248,11 +326,15 @@ def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     if args.verb in ("node", "up", "down"):
         sys.exit(_run_local(args))
+    if args.verb == "check":  # exit 0 clean, 1 violations, 2 unusable input
+        from pipeline.cli import run_check
+
+        sys.exit(run_check(args.history, master=args.master, report=args.report))
     try:
         asyncio.run(_run_client(args))
     except PinmqError as err:
         print(f"pinmq: error: {err}", file=sys.stderr)
-        sys.exit(1)
+        sys.exit(2 if isinstance(err, UsageError) else 1)
     except KeyboardInterrupt:
         sys.exit(130)
 

@@ -15,12 +15,14 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self, TypeVar
 
 import grpc
 from grpc import aio
 
+from broker.audit import MID_HEADER, AuditLog
 from broker.message import GROUP_ID_HEADER, GROUP_SEQ_HEADER
 from broker.pb import client_pb2 as pb
 from broker.pb import client_pb2_grpc as pb_grpc
@@ -79,11 +81,14 @@ def _error(code: str, message: str) -> PinmqError:
     return _BY_CODE.get(code, PinmqError)(message, code)
 
 
+REFUSED_METADATA = ("pinmq-refused", "1")  # the node answered: its refusal, not a lost link
+
+
 def _from_rpc(err: grpc.RpcError, target: str) -> PinmqError:
     code = err.code()
     name = code.name if code is not None else "UNKNOWN"
     details = err.details() or name
-    if name == "UNAVAILABLE":
+    if name == "UNAVAILABLE" and REFUSED_METADATA not in tuple(err.trailing_metadata() or ()):
         details = f"lost or no connection to {target}: {details}"
     return _error(name, details)
 
@@ -108,6 +113,40 @@ class GroupInfo:
     pending: int
     outstanding: int
     last_use: datetime | None
+
+
+@dataclass(slots=True, frozen=True)
+class ClusterGroupInfo:
+    """A group on one queue instance (`queue@node`), as `Client.cluster_groups` lists it."""
+
+    group: str
+    queue: str
+    node: str
+    bound: bool  # the LOCAL grouping handler binds (group, queue) to this node
+    owner: str | None
+    owner_name: str | None
+    pending: int
+    outstanding: int
+    last_use: datetime | None
+
+
+@dataclass(slots=True, frozen=True)
+class ClusterGroups:
+    groups: list[ClusterGroupInfo]
+    unreachable: list[str]  # nodes (or the grouping handler) that did not answer
+    problems: list[str]
+
+
+@dataclass(slots=True, frozen=True)
+class ClusterStatus:
+    node_id: str
+    connected: dict[str, bool]  # node id -> linked now (this node included)
+    handlers: dict[str, str]  # node id -> "LOCAL", "REMOTE" or ""
+    problems: list[str]
+
+
+def _time(unix_ms: int) -> datetime | None:
+    return datetime.fromtimestamp(unix_ms / 1000, UTC) if unix_ms else None
 
 
 @dataclass(slots=True, eq=False)
@@ -155,6 +194,8 @@ class Received:
             )
         self._settled = True
         receipt = self._consumer.settle(kind, [self.delivery_id], wait)
+        if kind == "ack":
+            self._consumer._audit_acked((self,))
         if kind == "release":
             self._consumer._drop_returned([self])
         if receipt is not None:
@@ -168,9 +209,19 @@ class Client:
     """A connection to one pinmq node: the first reachable address of `url`.
 
     `url` is "host:port[,host:port...]". Use as `async with Client(url) as client:`.
+    With `audit` (a directory, or an `AuditLog`), the client records `client_sent` (once the
+    node confirmed the send), `client_received` and `client_acked` events for `pinmq check`,
+    and tags every message it sends with a `pinmq-mid` header (producer id / sequence).
     """
 
-    def __init__(self, url: str = DEFAULT_URL, *, connect_timeout: float = CONNECT_TIMEOUT_S):
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        *,
+        connect_timeout: float = CONNECT_TIMEOUT_S,
+        audit: str | Path | AuditLog | None = None,
+        audit_name: str | None = None,
+    ):
         self.addresses = [a.strip() for a in url.split(",") if a.strip()]
         if not self.addresses:
             raise InvalidArgument(f"no address in url {url!r}", "INVALID_ARGUMENT")
@@ -179,6 +230,11 @@ class Client:
         self._channel: aio.Channel | None = None
         self._broker: pb_grpc.BrokerStub
         self._admin: pb_grpc.AdminStub
+        # Audit log (broker/audit.py): opened on connect when given a directory.
+        self.audit: AuditLog | None = audit if isinstance(audit, AuditLog) else None
+        self._audit_dir = None if audit is None or isinstance(audit, AuditLog) else Path(audit)
+        self._audit_name = audit_name or f"client-{uuid.uuid4().hex[:8]}"
+        self._producers = itertools.count(1)
 
     async def connect(self) -> None:
         """Open a channel to the first address that answers within the connect timeout."""
@@ -192,6 +248,8 @@ class Client:
             self.target, self._channel = target, channel
             self._broker = pb_grpc.BrokerStub(channel)
             self._admin = pb_grpc.AdminStub(channel)
+            if self._audit_dir is not None and self.audit is None:
+                self.audit = AuditLog(self._audit_dir, self._audit_name, node=target).start()
             return
         raise Unavailable(
             f"cannot reach a pinmq node at {', '.join(failures)} (connection refused or timed out)",
@@ -202,6 +260,9 @@ class Client:
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
+        if self._audit_dir is not None and self.audit is not None:
+            self.audit.close()
+            self.audit = None
 
     async def __aenter__(self) -> Self:
         await self.connect()
@@ -233,7 +294,10 @@ class Client:
         if group_id is not None and auto_group:
             raise InvalidArgument("give group_id or auto_group, not both", "INVALID_ARGUMENT")
         group = str(uuid.uuid4()) if auto_group else group_id
-        return Producer(self, address, group, group_header, persistent)
+        producer = Producer(self, address, group, group_header, persistent)
+        if self.audit is not None:
+            producer.producer_id = f"{self._audit_name}.p{next(self._producers)}"
+        return producer
 
     def consumer(self, queue: str, *, name: str | None = None, prefetch: int = 100) -> Consumer:
         """A consumer of `queue`; it subscribes on first use (iteration or `start()`)."""
@@ -271,9 +335,7 @@ class Client:
                 owner_name=g.owner_name or None,
                 pending=g.pending,
                 outstanding=g.outstanding,
-                last_use=datetime.fromtimestamp(g.last_use_unix_ms / 1000, UTC)
-                if g.last_use_unix_ms
-                else None,
+                last_use=_time(g.last_use_unix_ms),
             )
             for g in reply.groups
         ]
@@ -282,6 +344,51 @@ class Client:
         """Unpin one group (or all): their next messages may go to any consumer."""
         request = pb.ResetGroupsRequest(queue=queue, group=group)
         await self._call(self._admin.ResetGroups(request))
+
+    # ---- the cluster (clustered nodes only) ----
+
+    async def cluster_groups(
+        self, queue: str | None = None, *, group: str | None = None
+    ) -> ClusterGroups:
+        """Every group of the cluster (of one queue, one group) in one call, from any node."""
+        request = pb.ClusterGroupsRequest(queue=queue or "", group=group or "")
+        reply = await self._call(self._admin.ClusterGroups(request))
+        return ClusterGroups(
+            groups=[
+                ClusterGroupInfo(
+                    group=g.group,
+                    queue=g.queue,
+                    node=g.node,
+                    bound=g.bound,
+                    owner=g.owner_consumer_id or None,
+                    owner_name=g.owner_name or None,
+                    pending=g.pending,
+                    outstanding=g.outstanding,
+                    last_use=_time(g.last_use_unix_ms),
+                )
+                for g in reply.groups
+            ],
+            unreachable=list(reply.unreachable),
+            problems=list(reply.problems),
+        )
+
+    async def cluster_reset_group(self, group: str, queue: str | None = None) -> int:
+        """Unbind a group cluster-wide (on one queue, or every queue); every node unpins it.
+
+        Returns how many bindings were removed.
+        """
+        request = pb.ClusterResetGroupRequest(group=group, queue=queue)
+        reply = await self._call(self._admin.ClusterResetGroup(request))
+        return reply.removed
+
+    async def cluster_status(self) -> ClusterStatus:
+        reply = await self._call(self._admin.ClusterStatus(pb.ClusterStatusRequest()))
+        return ClusterStatus(
+            node_id=reply.node_id,
+            connected={n.node_id: n.connected for n in reply.nodes},
+            handlers={n.node_id: n.handler for n in reply.nodes},
+            problems=list(reply.problems),
+        )
 
 
 async def _ready(channel: aio.Channel, timeout: float) -> bool:
@@ -343,12 +450,16 @@ class Producer:
         self.persistent = persistent
         self._client = client
         self._seq = itertools.count(1)
+        self.producer_id: str | None = None  # set when the client audits: mids are <id>/<n>
+        self._mids = itertools.count(1)
 
     def _message(self, body: Body, headers: Mapping[str, str] | None) -> pb.Message:
         hdrs = dict(headers) if headers else {}
         if self.group_id is not None:
             hdrs[self.group_header] = self.group_id
             hdrs[GROUP_SEQ_HEADER] = str(next(self._seq))
+        if self.producer_id is not None:
+            hdrs[MID_HEADER] = f"{self.producer_id}/{next(self._mids)}"
         data = body.encode() if isinstance(body, str) else body
         return pb.Message(address=self.address, body=data, headers=hdrs, persistent=self.persistent)
 
@@ -361,13 +472,33 @@ class Producer:
         """Send one message; returns its id once the node has it (on disk if persistent)."""
         request = pb.SendRequest(message=self._message(body, headers))
         reply = await self._client._call(self._client._broker.Send(request))
+        self._audit_sent((request.message,), (reply.msg_id,))
         return reply.msg_id
 
     async def send_batch(self, items: Sequence[Item]) -> list[int]:
         """Send several messages in one request: all are accepted or none."""
         request = pb.SendBatchRequest(messages=[self._item(i) for i in items])
         reply = await self._client._call(self._client._broker.SendBatch(request))
+        self._audit_sent(request.messages, reply.msg_ids)
         return list(reply.msg_ids)
+
+    def _audit_sent(self, messages: Sequence[pb.Message], ids: Sequence[int]) -> None:
+        """`client_sent` for messages the node confirmed (audit log only)."""
+        audit = self._client.audit
+        if audit is None or self.producer_id is None:
+            return
+        group = self.group_id
+        for m, msg_id in zip(messages, ids, strict=False):
+            seq = m.headers.get(GROUP_SEQ_HEADER)
+            audit.record(
+                "client_sent",
+                msg_id=msg_id,
+                mid=m.headers.get(MID_HEADER),
+                address=m.address,
+                group=group,
+                group_seq=int(seq) if seq else None,
+                producer=self.producer_id,
+            )
 
     async def send_many(
         self,
@@ -386,6 +517,8 @@ class Producer:
         credit = asyncio.Semaphore(window)
         ids: list[int] = []
         failure: list[BaseException] = []
+        in_flight: deque[list[pb.Message]] = deque()  # batches awaiting results (audit log)
+        auditing = self._client.audit is not None and self.producer_id is not None
 
         async def read_results() -> None:
             try:
@@ -393,6 +526,8 @@ class Producer:
                     if result.error_code:
                         raise _error(result.error_code, result.error_message)
                     ids.extend(result.msg_ids)
+                    if auditing:
+                        self._audit_sent(in_flight.popleft(), result.msg_ids)
                     if on_sent is not None:
                         on_sent(len(result.msg_ids))
                     credit.release()
@@ -410,6 +545,8 @@ class Producer:
                 await credit.acquire()
                 if failure:
                     break
+                if auditing:
+                    in_flight.append(batch)
                 await call.write(pb.SendBatchRequest(messages=batch))
             if not failure:
                 await call.done_writing()
@@ -540,6 +677,8 @@ class Consumer:
             ids.append(m.delivery_id)
             chosen.append(m)
         receipt = self.settle(kind, ids, wait)
+        if kind == "ack":
+            self._audit_acked(chosen)
         if kind == "release":
             self._drop_returned(chosen)
         if receipt is not None:
@@ -630,7 +769,37 @@ class Consumer:
         except grpc.RpcError:
             pass  # the read loop reports the stream's status
 
+    def _audit(self, kind: str, m: Received, **extra: Any) -> None:
+        audit = self._client.audit
+        assert audit is not None
+        mid = m.headers.get(MID_HEADER)
+        audit.record(
+            kind,
+            msg_id=m.msg_id,
+            mid=mid,
+            address=m.address,
+            queue=m.queue,
+            group=m.group_id,
+            group_seq=m.group_seq or None,
+            producer=mid.rpartition("/")[0] or None if mid else None,
+            consumer=self.consumer_id,
+            consumer_name=self.name,
+            **extra,
+        )
+
+    def _audit_acked(self, messages: Iterable[Received]) -> None:
+        if self._client.audit is not None:
+            for m in messages:
+                self._audit("client_acked", m)
+
     def _received(self, d: pb.Delivery) -> Received:
+        if self._client.audit is not None:
+            received = self._received_plain(d)
+            self._audit("client_received", received, delivery_count=received.delivery_count)
+            return received
+        return self._received_plain(d)
+
+    def _received_plain(self, d: pb.Delivery) -> Received:
         return Received(
             msg_id=d.msg_id,
             delivery_id=d.delivery_id,

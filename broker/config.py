@@ -15,6 +15,7 @@ import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -209,6 +210,30 @@ class LogSection(Strict):
     format: Literal["auto", "json", "console"] = "auto"
 
 
+_SIZE = re.compile(r"^\s*(\d+)\s*(B|KB|KiB|MB|MiB|GB|GiB)?\s*$")
+_UNITS = {None: 1, "B": 1, "KB": 1000, "KiB": 1 << 10, "MB": 1000**2, "MiB": 1 << 20}
+_UNITS |= {"GB": 1000**3, "GiB": 1 << 30}
+
+
+def _size(value: Any) -> Any:
+    """A byte count: an integer, or a string such as `64MiB` (B, KB, KiB, MB, MiB, GB, GiB)."""
+    if isinstance(value, str):
+        match = _SIZE.match(value)
+        if match is None:
+            raise ValueError("a size in bytes such as 67108864 or 64MiB")
+        return int(match[1]) * _UNITS[match[2]]
+    return value
+
+
+class AuditSection(Strict):
+    """Audit log (broker/audit.py): one JSON line per message event, read by `pinmq check`."""
+
+    enabled: bool = False
+    dir: Path | None = None  # default: <data-dir>/audit
+    segment_bytes: Annotated[int, BeforeValidator(_size), Field(gt=0)] = 64 * 1024 * 1024
+    flush_ms: int = Field(default=100, gt=0)  # how often buffered events are written
+
+
 def _default_address_settings() -> dict[str, AddressSettings]:
     return {wildcard.ANY_WORDS: AddressSettings()}
 
@@ -225,6 +250,7 @@ class NodeConfig(Strict):
     cluster: ClusterSection | None = None
     grouping_handler: GroupingHandlerSection | None = None
     log: LogSection = Field(default_factory=LogSection)
+    audit: AuditSection = Field(default_factory=AuditSection)
 
     @field_validator("addresses")
     @classmethod

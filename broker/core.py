@@ -12,7 +12,7 @@ from typing import Literal
 
 from broker.config import NodeConfig, QueueConfig
 from broker.message import Message
-from broker.queue import Effects, NoSuchGroup, Queue, QueueError
+from broker.queue import Effects, NoSuchGroup, Queue, QueueError, group_key
 
 ORIGINAL_ADDRESS_HEADER = "_AMQ_ORIG_ADDRESS"
 ORIGINAL_QUEUE_HEADER = "_AMQ_ORIG_QUEUE"
@@ -250,6 +250,11 @@ class BrokerCore:
     def reset_groups(self, queue: str, group: str | None, now_ns: int) -> Effects:
         return self._on_queue(queue, lambda q, fx: q.reset_groups(group, now_ns, fx), now_ns)
 
+    def take_ungrouped(self, queue: str) -> tuple[list[Message], Effects]:
+        """Take a queue's pending ungrouped messages out (see `Queue.take_ungrouped`)."""
+        fx = Effects()
+        return self.queue(queue).take_ungrouped(fx), fx
+
     def tick(self, now_ns: int) -> Effects:
         fx = Effects()
         for q in self._queues.values():
@@ -316,7 +321,7 @@ class BrokerCore:
     def _targets(self, a: _Address, headers: dict[str, str]) -> list[str]:
         if a.routing_type == "multicast" or len(a.queues) <= 1:
             return a.queues
-        key = self._queues[a.queues[0]].group_key(headers)
+        key = group_key(self._queues[a.queues[0]].settings, headers)
         if key is not None and key in a.pins:
             return [a.pins[key]]
         name = a.queues[a.next_queue % len(a.queues)]

@@ -9,6 +9,7 @@ the messages they carry are on disk (each waits for the write that adds its own 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
 from collections import deque
@@ -22,8 +23,9 @@ from grpc_health.v1 import health
 from pydantic import ValidationError
 
 from broker import logs
+from broker.audit import node_audit
 from broker.config import NodeConfig, QueueConfig
-from broker.core import BrokerCore
+from broker.core import BrokerCore, CoreError
 from broker.message import Message
 from broker.queue import Delivery, Effects
 from broker.store import Store, StoreError
@@ -31,9 +33,14 @@ from broker.store import Store, StoreError
 if TYPE_CHECKING:
     from broker.stomp.server import StompServer
     from cluster.node import ClusterNode
+    from cluster.sending import Sender
+    from cluster.topology import Topology
+    from handler.api import Binding, GroupingHandler, RemovalReason
 
 TICK_S = 0.05
+REDISTRIBUTE_TICKS = 10  # queues without consumers hand ungrouped messages on this often
 STORE_FILE = "store.db"
+CLUSTER_HEALTH = "pinmq.cluster"  # health service: NOT_SERVING while the cluster has problems
 log = logs.get("node")
 
 
@@ -105,6 +112,15 @@ class Node:
         self._tasks: list[asyncio.Task[None]] = []
         self.failed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
         self.cluster: ClusterNode | None = None  # set by start() when `cluster` is configured
+        self.handler: GroupingHandler | None = None  # set with the cluster, if configured
+        from cluster.sending import Sender  # cluster/ imports this module
+
+        self.sender: Sender = Sender(self)
+        self.problems: list[str] = []  # cluster misconfigurations, as last seen
+        self._problems_logged: list[str] = []
+        self._quiet_until = 0.0  # problems are logged from then on (peers need time to link)
+        self._health_update: asyncio.Future[None] | None = None
+        self.audit = node_audit(config)  # audit log (broker/audit.py); None unless enabled
 
     @property
     def store(self) -> Store:
@@ -118,6 +134,11 @@ class Node:
         from broker.server import make_server, mark_serving  # server.py imports this module
         from broker.stomp.server import StompServer  # so does the STOMP shell
 
+        if self.audit is not None:  # audit log: started first, stopped last
+            try:
+                self.audit.start()
+            except OSError as err:
+                raise StartupError(f"cannot write audit log {self.audit.dir}: {err}") from None
         try:
             self.store_path.parent.mkdir(parents=True, exist_ok=True)
             self._store = store = Store.open(self.store_path)
@@ -140,6 +161,8 @@ class Node:
         if self.config.cluster is not None:
             await self._start_cluster()
         await mark_serving(self._health)
+        if self.cluster is not None:
+            await self._set_cluster_health()
         self._tasks = [
             asyncio.create_task(self._tick_loop(), name="tick"),
             asyncio.create_task(self._backlog_loop(), name="deliver"),
@@ -159,6 +182,8 @@ class Node:
         log.info("node stopping")
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
+        if self.handler is not None:  # first: it ends its Removals streams on the cluster server
+            await self.handler.stop()
         if self.cluster is not None:
             await self.cluster.stop()
         for stream in list(self.streams.values()):
@@ -172,18 +197,91 @@ class Node:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._store is not None:
             await self._store.close()
+        if self.audit is not None:
+            self.audit.close()
         log.info("node stopped")
 
     async def _start_cluster(self) -> None:
-        """Cluster connections (cluster/): listen.cluster, gossip, store-and-forward bridges."""
-        from cluster.node import ClusterNode  # cluster/ imports this module
+        """Cluster connections (cluster/) and the grouping handler (handler/), wired together.
 
-        self.cluster = ClusterNode(self)
+        The handler starts first, so its gRPC service answers as soon as listen.cluster does.
+        """
+        from cluster.node import ClusterNode  # cluster/ imports this module
+        from handler.api import make_handler
+        from handler.bindings import BindingStoreError
+
+        self.cluster = cluster = ClusterNode(self)
+        handler = make_handler(self.config, cluster.locate_local_handler)
+        if handler is not None:
+            try:
+                await handler.start()
+            except BindingStoreError as err:
+                await self.stop(0)
+                raise StartupError(str(err)) from None
+            self.handler = handler
+            cluster.add_servicer(handler.add_to_server)
+            handler.on_removed(self._binding_removed)
+            if self.config.grouping_handler.type == "LOCAL":  # type: ignore[union-attr]
+                cluster.on_instances_changed(self._report_instances)
+        cluster.on_instances_changed(self._topology_changed)
+        reconnect_s = cluster.config.reconnect_interval / 1000
+        self._quiet_until = time.monotonic() + max(2.0, 4 * reconnect_s)
+        asyncio.get_running_loop().call_later(
+            self._quiet_until - time.monotonic(), self._log_problems
+        )
         try:
-            await self.cluster.start()
+            await cluster.start()
         except OSError as err:
             await self.stop(0)
             raise StartupError(str(err)) from None
+
+    def _report_instances(self, topology: Topology) -> None:
+        """Tell the LOCAL handler which instances exist; those of down nodes count as absent."""
+        assert self.handler is not None
+        self.handler.report_instances(
+            {
+                (queue, view.state.node_id): view.connected
+                for view in topology.nodes()
+                for queues in view.state.instances.values()
+                for queue in queues
+            }
+        )
+
+    def _binding_removed(self, binding: Binding, reason: RemovalReason) -> None:
+        """A binding went away cluster-wide: the local queue unpins the group from its consumer."""
+        try:
+            fx = self.core.reset_groups(binding.queue, binding.group, now_ns())
+        except CoreError:
+            return  # no such queue or group here
+        self.apply(fx)
+
+    def _topology_changed(self, topology: Topology) -> None:
+        problems = topology.problems()
+        if problems != self.problems:
+            self.problems = problems
+            self._log_problems()
+            if self._health is not None:
+                self._health_update = asyncio.ensure_future(self._set_cluster_health())
+        self.sender.redistribute_all()
+
+    def _log_problems(self) -> None:
+        """Log cluster problems loudly when they change (after the start-up grace period)."""
+        if time.monotonic() < self._quiet_until or self.problems == self._problems_logged:
+            return
+        if self.problems:
+            log.error("cluster misconfigured", problems=self.problems)
+        elif self._problems_logged:
+            log.info("cluster problems resolved")
+        self._problems_logged = self.problems
+
+    async def _set_cluster_health(self) -> None:
+        from grpc_health.v1 import health_pb2
+
+        assert self._health is not None
+        status = health_pb2.HealthCheckResponse
+        await self._health.set(
+            CLUSTER_HEALTH, status.NOT_SERVING if self.problems else status.SERVING
+        )
 
     def fail(self, err: BaseException) -> None:
         """A fault the node cannot serve through (a store write failed): it must stop."""
@@ -200,9 +298,13 @@ class Node:
 
         Await the returned future before confirming the operation to a client.
         """
+        if self.audit is not None:  # audit log: queues references, formats off the loop
+            self.audit.effects(fx)
         for address, name, settings in fx.queues_created:
             if settings.durable:
                 self._watch(self.store.save_queue(address, name, _settings(settings)))
+            if self.cluster is not None:
+                self.cluster.local_changed()
         added = [m for m in fx.added if m.persistent]
         removed = [m for m in fx.removed if m.persistent]
         updated = [m for m in fx.updated if m.persistent]
@@ -285,9 +387,13 @@ class Node:
                 self._push(step.deliveries, step.receipt)
 
     async def _tick_loop(self) -> None:
+        ticks = 0
         while True:
             await asyncio.sleep(TICK_S)
             self.apply(self.core.tick(now_ns()))
+            ticks += 1
+            if self.cluster is not None and ticks % REDISTRIBUTE_TICKS == 0:
+                self.sender.redistribute_all()
 
     # ---- consumers and queues ----------------------------------------------------------------
 
@@ -298,15 +404,32 @@ class Node:
 
     async def create_queue(self, address: str, name: str, settings: QueueConfig) -> None:
         self.core.create_queue(address, name, settings)
+        if self.cluster is not None:
+            self.cluster.local_changed()
         if settings.durable:
             await self._watch(self.store.save_queue(address, name, _settings(settings)))
 
     async def delete_queue(self, name: str) -> int:
-        """Delete a queue and its messages; its consumers' streams end with NOT_FOUND."""
+        """Delete a queue and its messages; its consumers' streams end with NOT_FOUND.
+
+        Bindings to it are removed cluster-wide, so its groups are proposed again.
+        """
         removed = len(self.core.delete_queue(name).removed)
         self.end_consumers(name, "NOT_FOUND", f"queue {name!r} was deleted")
+        if self.cluster is not None:
+            self.cluster.local_changed()
+        if self.handler is not None:
+            self.handler.instance_deleted(name, self.config.node.id)
         await self._watch(self.store.delete_queue(name))  # drops its stored messages too
         return removed
+
+    def consumers_changed(self, queue: str) -> None:
+        """A consumer subscribed to or left `queue`: tell the cluster; maybe redistribute."""
+        if self.cluster is None:
+            return
+        self.cluster.local_changed()
+        with contextlib.suppress(CoreError):  # the queue was deleted meanwhile
+            self.sender.redistribute(self.core.queue(queue))
 
 
 async def serve(config: NodeConfig) -> int:

@@ -32,6 +32,26 @@ class NoSuchGroup(QueueError):
     """The named group is not in the queue's group table."""
 
 
+def group_key(settings: QueueConfig, headers: dict[str, str]) -> str | None:
+    """The group a message belongs to under `settings`: header, then default group, then bucket.
+
+    A function of the settings alone, so a clustered node can key a message for a queue that
+    lives on another node exactly as that queue will.
+    """
+    if settings.group_buckets == 0:
+        return None
+    gid = headers.get(settings.group_header)
+    if gid is None and settings.group_header == GROUP_ID_HEADER:
+        gid = headers.get(ALT_GROUP_ID_HEADER)
+    if not gid:
+        gid = settings.default_group
+        if gid is None:
+            return None
+    if settings.group_buckets > 0:
+        return f"bucket-{zlib.crc32(gid.encode()) % settings.group_buckets}"
+    return gid
+
+
 @dataclass(slots=True, frozen=True)
 class Delivery:
     """A message handed to a consumer; `first_in_group` marks the first of a group it owns."""
@@ -154,25 +174,18 @@ class Queue:
         return list(self._consumer(consumer_id).unacked.items())
 
     def group_key(self, headers: dict[str, str]) -> str | None:
-        """The group a message belongs to here: header, then default group, then bucket."""
-        s = self.settings
-        if s.group_buckets == 0:
-            return None
-        gid = headers.get(s.group_header)
-        if gid is None and s.group_header == GROUP_ID_HEADER:
-            gid = headers.get(ALT_GROUP_ID_HEADER)
-        if not gid:
-            gid = s.default_group
-            if gid is None:
-                return None
-        if s.group_buckets > 0:
-            return f"bucket-{zlib.crc32(gid.encode()) % s.group_buckets}"
-        return gid
+        """The group a message belongs to here (see the module-level `group_key`)."""
+        return group_key(self.settings, headers)
+
+    @property
+    def ungrouped_pending(self) -> int:
+        """Ungrouped messages waiting for a consumer."""
+        return len(self._ungrouped)
 
     # ---- operations -------------------------------------------------------------------
 
     def enqueue(self, message: Message, now_ns: int, fx: Effects) -> None:
-        message.group = key = self.group_key(message.headers)
+        message.group = key = group_key(self.settings, message.headers)
         message.group_seq = _parse_seq(message.headers.get(GROUP_SEQ_HEADER))
         self._pending += 1
         if key is None:
@@ -281,6 +294,17 @@ class Queue:
         for g in targets:
             self._detach(g)
         self._pump(now_ns, fx)
+
+    def take_ungrouped(self, fx: Effects) -> list[Message]:
+        """Remove every pending ungrouped message, to move it to another node (redistribution).
+
+        Grouped messages never leave: their order belongs to the group's one consumer.
+        """
+        taken = list(self._ungrouped)
+        self._ungrouped.clear()
+        self._pending -= len(taken)
+        fx.removed += taken
+        return taken
 
     def tick(self, now_ns: int, fx: Effects) -> None:
         """Lets delay-before-dispatch expire."""

@@ -23,17 +23,20 @@ from broker.core import CoreError
 from broker.node import ConsumerStream, Receipt, now_ns
 from broker.pb import client_pb2 as pb
 from broker.pb import client_pb2_grpc as pb_grpc
-from broker.queue import Delivery, Effects
+from broker.queue import Delivery
 from broker.store import StoreError
+from cluster.sending import Outgoing
 
 if TYPE_CHECKING:
     from broker.node import Node
+    from cluster.node import ClusterNode
 
 PACK_BYTES = 1 << 20  # a Deliveries message is cut after this many body bytes
 FRAME_SLACK = 1 << 20  # gRPC receive limit = max-message-size + this (batches, headers)
 _NULLABLE = frozenset(("group_first_key", "default_group", "dead_letter_address"))
 _SETTINGS_FIELDS = tuple(f.name for f in pb.QueueSettings.DESCRIPTOR.fields)
 _SERVICES = ("pinmq.client.v1.Broker", "pinmq.client.v1.Admin")
+NODE_REFUSED = ("pinmq-refused", "1")  # trailing metadata: the node itself refused the call
 
 
 class _Refused(Exception):
@@ -53,7 +56,9 @@ async def _abort(context: aio.ServicerContext, err: Exception) -> NoReturn:
     if isinstance(err, _Refused):
         await context.abort(err.code, str(err))
     if isinstance(err, CoreError):
-        await context.abort(_status(err), str(err))
+        # The node is reachable even when its answer is UNAVAILABLE (no grouping decision):
+        # the metadata lets clients tell that from a lost connection.
+        await context.abort(_status(err), str(err), trailing_metadata=(NODE_REFUSED,))
     if isinstance(err, StoreError):
         await context.abort(grpc.StatusCode.UNAVAILABLE, f"store write failed: {err}")
     raise err
@@ -106,27 +111,26 @@ class BrokerService(pb_grpc.BrokerServicer):
                     f"{which}: {size} bytes exceeds the max-message-size of {self.max_size} bytes",
                 )
 
-    def _send(
+    async def _send(
         self, messages: Iterable[pb.Message]
     ) -> tuple[list[int], asyncio.Future[None] | None]:
-        """Validate every message, then enqueue them all: all or nothing."""
+        """Validate every message, then enqueue them all: all or nothing.
+
+        Returns at once unless a grouping decision must be awaited (cluster/sending.py).
+        """
         messages = list(messages)
         self._check(messages)
-        core = self.node.core
-        for address in {m.address for m in messages}:
-            core.check_address(address)  # before the batch touches the core: all or nothing
-        now = now_ns()
-        ids = []
-        total = Effects()
-        for m in messages:
-            msg_id, fx = core.send(m.address, m.body, _dict(m.headers), m.persistent, now)
-            ids.append(msg_id)
-            total.merge(fx)
-        return ids, self.node.apply(total)
+        batch = [Outgoing(m.address, m.body, _dict(m.headers), m.persistent) for m in messages]
+        sender = self.node.sender
+        sent = sender.send_now(batch, now_ns())
+        if sent is None:
+            sent = await sender.send(batch)
+        ids, fx = sent
+        return ids, self.node.apply(fx)
 
     async def Send(self, request: pb.SendRequest, context: aio.ServicerContext) -> pb.SendResponse:
         try:
-            ids, write = self._send((request.message,))
+            ids, write = await self._send((request.message,))
             if write is not None:
                 await write
         except Exception as err:
@@ -137,7 +141,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         self, request: pb.SendBatchRequest, context: aio.ServicerContext
     ) -> pb.SendBatchResponse:
         try:
-            ids, write = self._send(request.messages)
+            ids, write = await self._send(request.messages)
             if write is not None:
                 await write
         except Exception as err:
@@ -147,7 +151,11 @@ class BrokerService(pb_grpc.BrokerServicer):
     async def SendStream(
         self, request_iterator: AsyncIterator[pb.SendBatchRequest], context: aio.ServicerContext
     ) -> AsyncIterator[pb.SendResult]:
-        """Batches are enqueued as they arrive; results follow in order as writes complete."""
+        """Batches are enqueued as they arrive; results follow in order as writes complete.
+
+        A batch that waits for a grouping decision holds back the batches behind it, so a
+        stream's batches are always routed in the order they were sent.
+        """
         Pending = tuple[int, list[int], asyncio.Future[None] | None] | pb.SendResult
         results: asyncio.Queue[Pending | None] = asyncio.Queue()
 
@@ -158,7 +166,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                     if request is None:
                         return
                     try:
-                        results.put_nowait((n, *self._send(request.messages)))
+                        results.put_nowait((n, *await self._send(request.messages)))
                     except (_Refused, CoreError) as err:
                         code = err.code if isinstance(err, _Refused) else _status(err)
                         results.put_nowait(
@@ -211,6 +219,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         tasks: list[asyncio.Task[Any]] = []
         try:
             node.apply(fx)
+            node.consumers_changed(sub.queue)
             await context.write(
                 pb.ConsumeResponse(subscribed=pb.Subscribed(consumer_id=consumer_id))
             )
@@ -230,6 +239,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                 task.cancel()
             del node.streams[consumer_id]
             node.apply(core.close_consumer(sub.queue, consumer_id, now_ns()))
+            node.consumers_changed(sub.queue)
 
     async def _settle_loop(self, context: aio.ServicerContext, stream: ConsumerStream) -> None:
         """Reads settles until the client half-closes; a refused settle ends the stream."""
@@ -385,6 +395,81 @@ class AdminService(pb_grpc.AdminServicer):
         except Exception as err:
             await _abort(context, err)
         return pb.ResetGroupsResponse()
+
+    # ---- the cluster ----
+
+    async def _clustered(self, context: aio.ServicerContext) -> ClusterNode:
+        if self.node.cluster is None:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "this node is not clustered (no cluster section)",
+            )
+        return self.node.cluster  # type: ignore[return-value]
+
+    async def ClusterGroups(
+        self, request: pb.ClusterGroupsRequest, context: aio.ServicerContext
+    ) -> pb.ClusterGroupsResponse:
+        from cluster.admin import cluster_groups
+
+        await self._clustered(context)
+        groups, unreachable = await cluster_groups(
+            self.node, request.queue or None, request.group or None
+        )
+        return pb.ClusterGroupsResponse(
+            groups=[
+                pb.ClusterGroupInfo(
+                    group=g.group,
+                    queue=g.queue,
+                    node=g.node,
+                    bound=g.bound,
+                    owner_consumer_id=g.owner or "",
+                    owner_name=g.owner_name or "",
+                    pending=g.pending,
+                    outstanding=g.outstanding,
+                    last_use_unix_ms=g.last_use_unix_ms,
+                )
+                for g in groups
+            ],
+            unreachable=unreachable,
+            problems=self.node.cluster.problems(),  # type: ignore[union-attr]
+        )
+
+    async def ClusterResetGroup(
+        self, request: pb.ClusterResetGroupRequest, context: aio.ServicerContext
+    ) -> pb.ClusterResetGroupResponse:
+        from handler.api import HandlerUnavailable
+
+        await self._clustered(context)
+        handler = self.node.handler
+        if handler is None:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, "this node has no grouping handler"
+            )
+        if not request.group:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "group must not be empty")
+        queue = request.queue if request.HasField("queue") else None
+        try:
+            removed = await handler.unbind(request.group, queue)  # type: ignore[union-attr]
+        except HandlerUnavailable as err:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+        return pb.ClusterResetGroupResponse(removed=removed)
+
+    async def ClusterStatus(
+        self, request: pb.ClusterStatusRequest, context: aio.ServicerContext
+    ) -> pb.ClusterStatusResponse:
+        cluster = await self._clustered(context)
+        return pb.ClusterStatusResponse(
+            node_id=cluster.node_id,
+            nodes=[
+                pb.ClusterNodeStatus(
+                    node_id=view.state.node_id,
+                    connected=view.connected,
+                    handler=view.state.handler or "",
+                )
+                for view in cluster.topology.nodes()
+            ],
+            problems=cluster.problems(),
+        )
 
 
 def _settings_values(settings: pb.QueueSettings) -> dict[str, Any]:

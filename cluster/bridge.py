@@ -43,9 +43,10 @@ FORWARD_HEADER = "_pinmq_fwd"  # SF queue: the target queue; at the receiver: "o
 PREFETCH = 500  # forwarded messages in flight per peer, unacknowledged by it
 BATCH_BYTES = 1 << 20  # a ForwardBatch is cut after this many body bytes
 SF_PREFIX = "$sf."
-# FIFO (grouping off), durable, and never dead-lettered however often a link flaps.
+# FIFO (grouping off), durable, and never dead-lettered however often a link flaps (the
+# attempts limit is the largest the client API can show: ListQueues lists SF queues too).
 SF_SETTINGS = QueueConfig(
-    durable=True, group_buckets=0, max_delivery_attempts=1 << 62, dead_letter_address=None
+    durable=True, group_buckets=0, max_delivery_attempts=2**31 - 1, dead_letter_address=None
 )
 
 

@@ -148,19 +148,27 @@ class ClusterNode:
         """A local queue or consumer count changed: announce it soon (coalesced)."""
         self._local_dirty.set()
 
-    def choose(self, address: str) -> Instance | None:
+    def choose(self, address: str, queue: str | None = None) -> Instance | None:
         """The instance an ungrouped message for `address` goes to (see `Router.choose`).
 
-        None: enqueue locally, creating the queue per address-settings. Local instances are
-        read from the core now, so a consumer that just subscribed here counts at once.
+        With `queue`, only instances of that queue take part (a multicast address routes each
+        of its queues on its own, with its own round robin). None: enqueue locally, creating
+        the queue per address-settings. Local instances are read from the core now, so a
+        consumer that just subscribed here counts at once.
         """
         policy = self.config.load_balancing if self.config.covers(address) else "OFF"
         local = [
             Instance(q.name, self.node_id, q.consumer_count, True, address)
             for q in self.node.core.queues_of(address)
+            if queue is None or q.name == queue
         ]
-        remote = [i for i in self.topology.instances(address) if not i.local]
-        return self.router.choose(address, local + remote, policy, self.node_id)
+        remote = [
+            i
+            for i in self.topology.instances(address)
+            if not i.local and (queue is None or i.queue == queue)
+        ]
+        key = address if queue is None else f"{address}\x00{queue}"
+        return self.router.choose(key, local + remote, policy, self.node_id)
 
     def forward(
         self,

@@ -3,8 +3,8 @@
 Follows Artemis' cluster-connection `message-load-balancing`:
 - `OFF`: the local instance only;
 - `STRICT`: round robin over every instance, consumers or not;
-- `ON_DEMAND`: the local instance when it has consumers, otherwise round robin over the
-  instances that have consumers, otherwise the local instance.
+- `ON_DEMAND`: round robin over the instances (local and remote) that have consumers, the
+  local one first in the rotation; when none has consumers, the local instance.
 "Local" may not exist yet; then `choose` answers None and the caller enqueues locally,
 auto-creating the queue per address-settings.
 """
@@ -40,9 +40,6 @@ class Router:
             return self._round_robin(address, instances) if instances else None
         if policy != "ON_DEMAND":
             raise ValueError(f"unknown load-balancing policy {policy!r}")
-        busy_local = [i for i in local if i.consumers > 0]
-        if busy_local:
-            return self._round_robin(address, busy_local)
         busy = [i for i in instances if i.consumers > 0]
         if busy:
             return self._round_robin(address, busy)

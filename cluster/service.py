@@ -9,6 +9,7 @@ from grpc import aio
 
 from broker.pb import cluster_pb2 as pb
 from broker.pb import cluster_pb2_grpc as pb_grpc
+from cluster.admin import node_groups, row_to_pb
 from cluster.connector import GossipLink, state_to_pb
 
 if TYPE_CHECKING:
@@ -49,3 +50,9 @@ class ClusterService(pb_grpc.ClusterServicer):
             ],
             problems=cluster.problems(),
         )
+
+    async def Groups(
+        self, request: pb.GroupsRequest, context: aio.ServicerContext
+    ) -> pb.GroupsReply:
+        rows = node_groups(self.cluster.node, request.queue or None, request.group or None)
+        return pb.GroupsReply(node_id=self.cluster.node_id, groups=[row_to_pb(r) for r in rows])

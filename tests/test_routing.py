@@ -58,10 +58,11 @@ def test_strict_with_no_instance_anywhere_goes_local() -> None:
     assert Router().choose("a", [], "STRICT", ME) is None
 
 
-def test_on_demand_prefers_the_local_instance_when_it_has_consumers() -> None:
+def test_on_demand_round_robins_over_local_and_remote_consumers_local_first() -> None:
     router = Router()
     instances = [inst("n1", 1), inst("n2", 10), inst("n3", 10)]
-    assert spread(router, instances, "ON_DEMAND", 20) == {"q@n1": 20}
+    picks = [str(router.choose("a", instances, "ON_DEMAND", ME)) for _ in range(6)]
+    assert picks == ["q@n1", "q@n2", "q@n3"] * 2
 
 
 def test_on_demand_round_robins_over_instances_with_consumers() -> None:
@@ -81,7 +82,7 @@ def test_on_demand_follows_consumers_as_they_come_and_go() -> None:
     remote_only = [inst("n1"), inst("n2", 1)]
     assert str(router.choose("a", remote_only, "ON_DEMAND", ME)) == "q@n2"
     local_too = [inst("n1", 1), inst("n2", 1)]
-    assert str(router.choose("a", local_too, "ON_DEMAND", ME)) == "q@n1"
+    assert spread(router, local_too, "ON_DEMAND", 4) == {"q@n1": 2, "q@n2": 2}
     nobody = [inst("n1"), inst("n2")]
     assert str(router.choose("a", nobody, "ON_DEMAND", ME)) == "q@n1"
 
@@ -124,8 +125,6 @@ def test_distribution_is_even_over_the_eligible_instances(
     instances = [inst(f"n{i + 1}", c) for i, c in enumerate(consumers)]
     if policy == "STRICT":
         eligible = instances
-    elif consumers[0] > 0:
-        eligible = [instances[0]]
     else:
         eligible = [i for i in instances if i.consumers > 0] or [instances[0]]
     counts = spread(Router(), instances, policy, rounds * len(eligible))

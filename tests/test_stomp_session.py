@@ -21,6 +21,7 @@ from broker.stomp.session import (
     prefetch_of,
     queue_name,
 )
+from cluster.sending import Sender
 
 
 class StubNode:
@@ -31,6 +32,11 @@ class StubNode:
         self.core = BrokerCore(self.config)
         self.streams: dict[str, ConsumerStream] = {}
         self.gate: asyncio.Future[None] | None = None
+        self.cluster = self.handler = None
+        self.sender = Sender(self)  # type: ignore[arg-type]
+
+    def consumers_changed(self, queue: str) -> None:
+        pass
 
     def apply(self, fx: Effects, receipt: Any = None) -> asyncio.Future[None] | None:
         for d in fx.deliveries:

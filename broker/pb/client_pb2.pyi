@@ -267,3 +267,81 @@ class ResetGroupsRequest(_message.Message):
 class ResetGroupsResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class ClusterGroupsRequest(_message.Message):
+    __slots__ = ("queue", "group")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    group: str
+    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ...) -> None: ...
+
+class ClusterGroupInfo(_message.Message):
+    __slots__ = ("group", "queue", "node", "bound", "owner_consumer_id", "owner_name", "pending", "outstanding", "last_use_unix_ms")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    BOUND_FIELD_NUMBER: _ClassVar[int]
+    OWNER_CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    OWNER_NAME_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    OUTSTANDING_FIELD_NUMBER: _ClassVar[int]
+    LAST_USE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    queue: str
+    node: str
+    bound: bool
+    owner_consumer_id: str
+    owner_name: str
+    pending: int
+    outstanding: int
+    last_use_unix_ms: int
+    def __init__(self, group: _Optional[str] = ..., queue: _Optional[str] = ..., node: _Optional[str] = ..., bound: _Optional[bool] = ..., owner_consumer_id: _Optional[str] = ..., owner_name: _Optional[str] = ..., pending: _Optional[int] = ..., outstanding: _Optional[int] = ..., last_use_unix_ms: _Optional[int] = ...) -> None: ...
+
+class ClusterGroupsResponse(_message.Message):
+    __slots__ = ("groups", "unreachable", "problems")
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    UNREACHABLE_FIELD_NUMBER: _ClassVar[int]
+    PROBLEMS_FIELD_NUMBER: _ClassVar[int]
+    groups: _containers.RepeatedCompositeFieldContainer[ClusterGroupInfo]
+    unreachable: _containers.RepeatedScalarFieldContainer[str]
+    problems: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, groups: _Optional[_Iterable[_Union[ClusterGroupInfo, _Mapping]]] = ..., unreachable: _Optional[_Iterable[str]] = ..., problems: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ClusterResetGroupRequest(_message.Message):
+    __slots__ = ("group", "queue")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    queue: str
+    def __init__(self, group: _Optional[str] = ..., queue: _Optional[str] = ...) -> None: ...
+
+class ClusterResetGroupResponse(_message.Message):
+    __slots__ = ("removed",)
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    removed: int
+    def __init__(self, removed: _Optional[int] = ...) -> None: ...
+
+class ClusterStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ClusterNodeStatus(_message.Message):
+    __slots__ = ("node_id", "connected", "handler")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    HANDLER_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    connected: bool
+    handler: str
+    def __init__(self, node_id: _Optional[str] = ..., connected: _Optional[bool] = ..., handler: _Optional[str] = ...) -> None: ...
+
+class ClusterStatusResponse(_message.Message):
+    __slots__ = ("node_id", "nodes", "problems")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    PROBLEMS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    nodes: _containers.RepeatedCompositeFieldContainer[ClusterNodeStatus]
+    problems: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[ClusterNodeStatus, _Mapping]]] = ..., problems: _Optional[_Iterable[str]] = ...) -> None: ...

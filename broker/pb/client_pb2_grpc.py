@@ -261,6 +261,21 @@ class AdminStub:
                 request_serializer=broker_dot_pb_dot_client__pb2.ResetGroupsRequest.SerializeToString,
                 response_deserializer=broker_dot_pb_dot_client__pb2.ResetGroupsResponse.FromString,
                 _registered_method=True)
+        self.ClusterGroups = channel.unary_unary(
+                '/pinmq.client.v1.Admin/ClusterGroups',
+                request_serializer=broker_dot_pb_dot_client__pb2.ClusterGroupsRequest.SerializeToString,
+                response_deserializer=broker_dot_pb_dot_client__pb2.ClusterGroupsResponse.FromString,
+                _registered_method=True)
+        self.ClusterResetGroup = channel.unary_unary(
+                '/pinmq.client.v1.Admin/ClusterResetGroup',
+                request_serializer=broker_dot_pb_dot_client__pb2.ClusterResetGroupRequest.SerializeToString,
+                response_deserializer=broker_dot_pb_dot_client__pb2.ClusterResetGroupResponse.FromString,
+                _registered_method=True)
+        self.ClusterStatus = channel.unary_unary(
+                '/pinmq.client.v1.Admin/ClusterStatus',
+                request_serializer=broker_dot_pb_dot_client__pb2.ClusterStatusRequest.SerializeToString,
+                response_deserializer=broker_dot_pb_dot_client__pb2.ClusterStatusResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -296,6 +311,27 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ClusterGroups(self, request, context):
+        """Every group of the cluster in one call: binding, queue@node, owner, pending, last use.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClusterResetGroup(self, request, context):
+        """Unbind a group at the LOCAL grouping handler; every node then unpins it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClusterStatus(self, request, context):
+        """Topology as this node sees it, and cluster problems (also in health: pinmq.cluster).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -323,6 +359,21 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ResetGroups,
                     request_deserializer=broker_dot_pb_dot_client__pb2.ResetGroupsRequest.FromString,
                     response_serializer=broker_dot_pb_dot_client__pb2.ResetGroupsResponse.SerializeToString,
+            ),
+            'ClusterGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClusterGroups,
+                    request_deserializer=broker_dot_pb_dot_client__pb2.ClusterGroupsRequest.FromString,
+                    response_serializer=broker_dot_pb_dot_client__pb2.ClusterGroupsResponse.SerializeToString,
+            ),
+            'ClusterResetGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClusterResetGroup,
+                    request_deserializer=broker_dot_pb_dot_client__pb2.ClusterResetGroupRequest.FromString,
+                    response_serializer=broker_dot_pb_dot_client__pb2.ClusterResetGroupResponse.SerializeToString,
+            ),
+            'ClusterStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClusterStatus,
+                    request_deserializer=broker_dot_pb_dot_client__pb2.ClusterStatusRequest.FromString,
+                    response_serializer=broker_dot_pb_dot_client__pb2.ClusterStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -460,6 +511,87 @@ class Admin:
             '/pinmq.client.v1.Admin/ResetGroups',
             broker_dot_pb_dot_client__pb2.ResetGroupsRequest.SerializeToString,
             broker_dot_pb_dot_client__pb2.ResetGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClusterGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pinmq.client.v1.Admin/ClusterGroups',
+            broker_dot_pb_dot_client__pb2.ClusterGroupsRequest.SerializeToString,
+            broker_dot_pb_dot_client__pb2.ClusterGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClusterResetGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pinmq.client.v1.Admin/ClusterResetGroup',
+            broker_dot_pb_dot_client__pb2.ClusterResetGroupRequest.SerializeToString,
+            broker_dot_pb_dot_client__pb2.ClusterResetGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClusterStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pinmq.client.v1.Admin/ClusterStatus',
+            broker_dot_pb_dot_client__pb2.ClusterStatusRequest.SerializeToString,
+            broker_dot_pb_dot_client__pb2.ClusterStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

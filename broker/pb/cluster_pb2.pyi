@@ -110,3 +110,37 @@ class ForwardAck(_message.Message):
     SEQ_FIELD_NUMBER: _ClassVar[int]
     seq: int
     def __init__(self, seq: _Optional[int] = ...) -> None: ...
+
+class GroupsRequest(_message.Message):
+    __slots__ = ("queue", "group")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    group: str
+    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ...) -> None: ...
+
+class GroupRow(_message.Message):
+    __slots__ = ("queue", "group", "owner_consumer_id", "owner_name", "pending", "outstanding", "last_use_unix_ms")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    OWNER_CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    OWNER_NAME_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    OUTSTANDING_FIELD_NUMBER: _ClassVar[int]
+    LAST_USE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    group: str
+    owner_consumer_id: str
+    owner_name: str
+    pending: int
+    outstanding: int
+    last_use_unix_ms: int
+    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., owner_consumer_id: _Optional[str] = ..., owner_name: _Optional[str] = ..., pending: _Optional[int] = ..., outstanding: _Optional[int] = ..., last_use_unix_ms: _Optional[int] = ...) -> None: ...
+
+class GroupsReply(_message.Message):
+    __slots__ = ("node_id", "groups")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    groups: _containers.RepeatedCompositeFieldContainer[GroupRow]
+    def __init__(self, node_id: _Optional[str] = ..., groups: _Optional[_Iterable[_Union[GroupRow, _Mapping]]] = ...) -> None: ...

@@ -49,6 +49,11 @@ class ClusterStub:
                 request_serializer=broker_dot_pb_dot_cluster__pb2.InspectRequest.SerializeToString,
                 response_deserializer=broker_dot_pb_dot_cluster__pb2.InspectResponse.FromString,
                 _registered_method=True)
+        self.Groups = channel.unary_unary(
+                '/pinmq.cluster.v1.Cluster/Groups',
+                request_serializer=broker_dot_pb_dot_cluster__pb2.GroupsRequest.SerializeToString,
+                response_deserializer=broker_dot_pb_dot_cluster__pb2.GroupsReply.FromString,
+                _registered_method=True)
 
 
 class ClusterServicer:
@@ -75,6 +80,13 @@ class ClusterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Groups(self, request, context):
+        """This node's group tables (owner, pending, last use per group), for cluster-wide listings.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClusterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -92,6 +104,11 @@ def add_ClusterServicer_to_server(servicer, server):
                     servicer.Inspect,
                     request_deserializer=broker_dot_pb_dot_cluster__pb2.InspectRequest.FromString,
                     response_serializer=broker_dot_pb_dot_cluster__pb2.InspectResponse.SerializeToString,
+            ),
+            'Groups': grpc.unary_unary_rpc_method_handler(
+                    servicer.Groups,
+                    request_deserializer=broker_dot_pb_dot_cluster__pb2.GroupsRequest.FromString,
+                    response_serializer=broker_dot_pb_dot_cluster__pb2.GroupsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -175,6 +192,33 @@ class Cluster:
             '/pinmq.cluster.v1.Cluster/Inspect',
             broker_dot_pb_dot_cluster__pb2.InspectRequest.SerializeToString,
             broker_dot_pb_dot_cluster__pb2.InspectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Groups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pinmq.cluster.v1.Cluster/Groups',
+            broker_dot_pb_dot_cluster__pb2.GroupsRequest.SerializeToString,
+            broker_dot_pb_dot_cluster__pb2.GroupsReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -8,7 +8,9 @@ connection's writer drains, and `render` turns deliveries into MESSAGE frames.
 
 Frames of one read are handled one by one, but their Effects are merged and applied together
 in `flush`, so a burst of SENDs or ACKs costs one store write. RECEIPT frames go out in the
-order of their frames, each only once the store write it depends on is on disk.
+order of their frames, each only once the store write it depends on is on disk. SENDs go
+through the node's one send path (`cluster/sending.py`); a SEND (or COMMIT) whose group needs
+a cluster grouping decision is awaited before the next frame is read, so frames keep their order.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from broker.stomp.frames import (
     escape_10_value,
 )
 from broker.store import StoreError
+from cluster.sending import Outgoing
 
 if TYPE_CHECKING:
     from broker.node import Node
@@ -175,14 +178,6 @@ class Subscription:
 
 
 @dataclass(slots=True)
-class _Send:
-    address: str
-    body: bytes
-    headers: dict[str, str]
-    persistent: bool
-
-
-@dataclass(slots=True)
 class _Settle:
     sub: Subscription
     delivery_id: int
@@ -192,7 +187,7 @@ class _Settle:
 
 @dataclass(slots=True)
 class _Transaction:
-    ops: list[_Send | _Settle] = field(default_factory=list)
+    ops: list[Outgoing | _Settle] = field(default_factory=list)
     size: int = 0
 
 
@@ -316,7 +311,7 @@ class Session:
             headers["heart-beat"] = f"{heart_beat[0]},{heart_beat[1]}"
         self._emit_after(None, encode_frame("CONNECTED", headers, version=version))
 
-    def _send(self, frame: Frame) -> None:
+    def _send(self, frame: Frame) -> Awaitable[None] | None:
         h = frame.headers
         address = queue_name(_required(frame, "destination"))
         body = frame.body
@@ -329,12 +324,28 @@ class Session:
                 )
         headers = {k: v for k, v in h.items() if k not in _SEND_ONLY}
         persistent = h.get("persistent", "").lower() == "true"
+        message = Outgoing(address, body, headers, persistent)
         tx = h.get("transaction")
         if tx is not None:
-            self._buffer(tx, _Send(address, body, headers, persistent), len(body))
-            return
-        _, fx = self.core.send(address, body, headers, persistent, self._now)
+            self._buffer(tx, message, len(body))
+            return None
+        return self._route([message])
+
+    def _route(self, batch: list[Outgoing]) -> Awaitable[None] | None:
+        """Route SENDs now, or return what awaits their grouping decisions and routes them.
+
+        The caller awaits it before the next frame, so a connection's frames keep their order.
+        """
+        sent = self.node.sender.send_now(batch, self._now)
+        if sent is None:
+            return self._route_later(batch)
+        self._add(sent[1])
+        return None
+
+    async def _route_later(self, batch: list[Outgoing]) -> None:
+        _, fx = await self.node.sender.send(batch)
         self._add(fx)
+        self._now = now_ns()
 
     def _subscribe(self, frame: Frame) -> Awaitable[None] | None:
         h = frame.headers
@@ -402,6 +413,7 @@ class Session:
         self.by_consumer[consumer_id] = sub
         stream.ended.add_done_callback(partial(self._stream_ended, sub))
         self._add(fx)
+        self.node.consumers_changed(queue)
 
     def _unsubscribe(self, frame: Frame) -> None:
         sub_id = frame.headers.get("id")
@@ -491,17 +503,25 @@ class Session:
             raise ProtocolError(f"more than {MAX_TRANSACTIONS} open transactions")
         self.txs[tx] = _Transaction()
 
-    def _commit(self, frame: Frame) -> None:
-        """Apply a transaction's frames in one go: all of them or, on an error, none."""
+    def _commit(self, frame: Frame) -> Awaitable[None] | None:
+        """Apply a transaction's frames in one go: all of them or, on an error, none.
+
+        Its SENDs are routed as one batch first; its ACK/NACKs follow once they are.
+        """
         t = self._pop_tx(frame)
-        for address in {op.address for op in t.ops if isinstance(op, _Send)}:
-            self.core.check_address(address)
-        for op in t.ops:
-            if isinstance(op, _Send):
-                _, fx = self.core.send(op.address, op.body, op.headers, op.persistent, self._now)
-                self._add(fx)
-            else:
+        sends = [op for op in t.ops if isinstance(op, Outgoing)]
+        settles = [op for op in t.ops if isinstance(op, _Settle)]
+        routing = self._route(sends) if sends else None
+        if routing is None:
+            for op in settles:
                 self._settle(op)
+            return None
+        return self._settle_after(routing, settles)
+
+    async def _settle_after(self, routing: Awaitable[None], settles: list[_Settle]) -> None:
+        await routing
+        for op in settles:
+            self._settle(op)
 
     def _abort(self, frame: Frame) -> None:
         """Discard a transaction; messages it acknowledged stay unacknowledged."""
@@ -515,7 +535,7 @@ class Session:
         self._set_closing()
         self._emit_after(None, CLOSE)
 
-    def _buffer(self, tx: str, op: _Send | _Settle, size: int) -> None:
+    def _buffer(self, tx: str, op: Outgoing | _Settle, size: int) -> None:
         t = self.txs.get(tx)
         if t is None:
             raise ProtocolError(f"no transaction {tx!r} on this connection")
@@ -575,6 +595,7 @@ class Session:
         del self.by_consumer[sub.consumer_id]
         self.node.streams.pop(sub.consumer_id, None)
         self._add(self.core.close_consumer(sub.queue, sub.consumer_id, now_ns()))
+        self.node.consumers_changed(sub.queue)
 
     def _stream_ended(self, sub: Subscription, ended: asyncio.Future[tuple[str, str]]) -> None:
         """The node ended a subscription (queue deleted, node stopping): STOMP can only ERROR."""

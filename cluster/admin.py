@@ -1,0 +1,171 @@
+"""Cluster-wide group listings: the LOCAL handler's bindings merged with every node's group tables.
+
+A binding says where a group goes (`queue@node`); the group table of that node's queue says
+who consumes it there, what is pending and when it was last used. An operator wants both in
+one answer, for the whole cluster, so the node asked gathers the bindings (from the LOCAL
+grouping handler) and every node's table (the `Groups` RPC of the cluster service) at once
+and `merge`s them. Nodes that do not answer are named, never silently left out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from grpc import aio
+
+from broker.pb import cluster_pb2 as pb
+from broker.pb import cluster_pb2_grpc as pb_grpc
+from cluster.bridge import SF_PREFIX
+from cluster.connector import CHANNEL_OPTIONS
+from handler.api import BindingUse, HandlerUnavailable
+
+if TYPE_CHECKING:
+    from broker.node import Node
+
+PEER_TIMEOUT_S = 5.0
+_MS = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRow:
+    """One group in the group table of one queue on one node."""
+
+    node: str
+    queue: str
+    group: str
+    owner: str | None
+    owner_name: str | None
+    pending: int
+    outstanding: int
+    last_use_unix_ms: int
+
+
+@dataclass(slots=True)
+class ClusterGroup:
+    """A group on one instance, `queue@node`: its binding (if any) and its table entry there."""
+
+    group: str
+    queue: str
+    node: str
+    bound: bool
+    owner: str | None = None
+    owner_name: str | None = None
+    pending: int = 0
+    outstanding: int = 0
+    last_use_unix_ms: int = 0
+
+
+def node_groups(node: Node, queue: str | None, group: str | None) -> list[GroupRow]:
+    """This node's group table rows of its clustered queues (of one queue, one group)."""
+    cluster = node.cluster
+    assert cluster is not None
+    covers = cluster.config.covers
+    rows: list[GroupRow] = []
+    for q in node.core.queues():
+        if (queue and q.name != queue) or q.name.startswith(SF_PREFIX) or not covers(q.address):
+            continue
+        for g in q.groups():
+            if group and g.group != group:
+                continue
+            rows.append(
+                GroupRow(
+                    cluster.node_id,
+                    q.name,
+                    g.group,
+                    g.owner,
+                    g.owner_name,
+                    g.pending,
+                    g.outstanding,
+                    g.last_use_ns // _MS,
+                )
+            )
+    return rows
+
+
+def row_to_pb(row: GroupRow) -> pb.GroupRow:
+    return pb.GroupRow(
+        queue=row.queue,
+        group=row.group,
+        owner_consumer_id=row.owner or "",
+        owner_name=row.owner_name or "",
+        pending=row.pending,
+        outstanding=row.outstanding,
+        last_use_unix_ms=row.last_use_unix_ms,
+    )
+
+
+def row_from_pb(node: str, row: pb.GroupRow) -> GroupRow:
+    return GroupRow(
+        node,
+        row.queue,
+        row.group,
+        row.owner_consumer_id or None,
+        row.owner_name or None,
+        row.pending,
+        row.outstanding,
+        row.last_use_unix_ms,
+    )
+
+
+def merge(bindings: Iterable[BindingUse], rows: Iterable[GroupRow]) -> list[ClusterGroup]:
+    """One entry per (group, queue, node): bound there, present in its table, or both.
+
+    A group present on a node it is not bound to (messages that were already there when
+    its binding moved, or an address without grouping handler) is listed as not bound.
+    """
+    merged: dict[tuple[str, str, str], ClusterGroup] = {}
+    for binding, last_use in bindings:
+        key = (binding.group, binding.queue, binding.node)
+        merged[key] = ClusterGroup(*key, bound=True, last_use_unix_ms=last_use)
+    for row in rows:
+        key = (row.group, row.queue, row.node)
+        entry = merged.get(key)
+        if entry is None:
+            entry = merged[key] = ClusterGroup(*key, bound=False)
+        entry.owner, entry.owner_name = row.owner, row.owner_name
+        entry.pending, entry.outstanding = row.pending, row.outstanding
+        entry.last_use_unix_ms = max(entry.last_use_unix_ms, row.last_use_unix_ms)
+    return sorted(merged.values(), key=lambda e: (e.queue, e.group, e.node))
+
+
+async def cluster_groups(
+    node: Node, queue: str | None = None, group: str | None = None
+) -> tuple[list[ClusterGroup], list[str]]:
+    """Every group of the cluster (of one queue, one group) and who did not answer."""
+    cluster = node.cluster
+    assert cluster is not None
+    handler = node.handler
+    unreachable: list[str] = []
+
+    async def bindings() -> list[BindingUse]:
+        if handler is None:
+            return []
+        try:
+            listed = await handler.list_bindings(group, limit=0)
+        except HandlerUnavailable as err:
+            unreachable.append(f"grouping handler: {err}")
+            return []
+        return [b for b in listed if not queue or b.binding.queue == queue]
+
+    async def table(peer: str) -> list[GroupRow]:
+        address = cluster.peer_address(peer)
+        if address is None or not cluster.topology.is_connected(peer):
+            unreachable.append(f"{peer}: not connected")
+            return []
+        request = pb.GroupsRequest(queue=queue or "", group=group or "")
+        try:
+            async with aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+                reply = await pb_grpc.ClusterStub(channel).Groups(request, timeout=PEER_TIMEOUT_S)
+        except aio.AioRpcError as err:
+            unreachable.append(f"{peer}: {err.code().name}: {err.details()}")
+            return []
+        return [row_from_pb(reply.node_id, r) for r in reply.groups]
+
+    listed, *tables = await asyncio.gather(
+        bindings(), *(table(peer) for peer in cluster.topology.peers())
+    )
+    rows = node_groups(node, queue, group) + [r for t in tables for r in t]
+    return merge(listed, rows), sorted(unreachable)

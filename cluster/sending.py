@@ -1,0 +1,308 @@
+"""The one send path of a node (gRPC and STOMP alike): which queue instance each message goes to.
+
+On a node without `cluster`, or for an address the cluster does not cover, a batch goes through
+`BrokerCore.send` exactly as on a standalone node. On a clustered address every target queue of
+the message (one for anycast, each queue for multicast) gets an instance `queue@node`:
+
+- ungrouped (or no grouping handler covers the address): `ClusterNode.choose`;
+- grouped: the grouping handler's binding of (group key, queue). A binding known without I/O
+  (`cached`) routes at once; otherwise the node proposes what `choose` picks and awaits the
+  decision (`decide`), which may take up to the handler's `timeout`.
+
+`send_now` routes a batch synchronously when no decision is missing and answers None
+otherwise, having changed nothing in the core. `send` first awaits every missing decision of
+the batch, concurrently, and only then routes all of it: a batch is all or nothing and keeps
+its order. A caller that must keep several batches in order (a SendStream, a STOMP
+connection) awaits `send` before it routes the next one. A decision that does not come in
+time fails the batch with `GroupingUnavailable` (gRPC UNAVAILABLE, STOMP ERROR), and nothing
+of it is enqueued anywhere: a grouped message is never routed without its binding.
+
+Routing returns the `Effects` to apply; the caller applies them (STOMP merges a read's frames
+into one store write). The module also moves ungrouped messages away from a queue that lost
+its consumers (ON_DEMAND redistribution); grouped messages never move.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from broker import logs
+from broker.config import QueueConfig
+from broker.core import CoreError
+from broker.node import now_ns
+from broker.queue import Effects, Queue, group_key
+from cluster.bridge import SF_PREFIX
+from handler.api import Binding, DecisionTimeout, GroupingHandler, HandlerUnavailable
+from handler.bindings import BindingStoreError
+
+if TYPE_CHECKING:
+    from broker.node import Node
+    from cluster.node import ClusterNode
+    from cluster.topology import Instance
+
+log = logs.get("cluster")
+
+Key = tuple[str, str]  # (group key, queue)
+Target = tuple[str, str | None]  # (queue, node); node None: this node
+Sent = tuple[list[int], Effects]  # one msg id per message (the first copy's), what to apply
+
+
+@dataclass(slots=True)
+class Outgoing:
+    """A message as a client sent it, before routing."""
+
+    address: str
+    body: bytes
+    headers: dict[str, str]
+    persistent: bool
+
+
+class GroupingUnavailable(CoreError):
+    """No grouping decision for a message in time (or no arbiter to make one): the send fails."""
+
+    code = "unavailable"
+
+
+class Sender:
+    """The send path of one node; the node owns one and both client shells call it."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.core = node.core
+        self.config = node.config
+        self.node_id = node.config.node.id
+
+    # ---- sending ----------------------------------------------------------------------------
+
+    def send_now(self, batch: Sequence[Outgoing], now_ns: int) -> Sent | None:
+        """Route the batch now; None (nothing done) when a grouping decision must be awaited.
+
+        Raises CoreError (nothing done) when a message cannot be routed at all.
+        """
+        if self.node.cluster is None:
+            return self._plain(batch, now_ns)
+        plan = self._plan(batch, {}, None)
+        return None if plan is None else self._commit(batch, plan, now_ns)
+
+    async def send(self, batch: Sequence[Outgoing]) -> Sent:
+        """Await the batch's missing decisions (concurrently), then route all of it."""
+        decided: dict[Key, Binding] = {}
+        while True:
+            missing: dict[Key, str] = {}
+            plan = self._plan(batch, decided, missing)
+            if plan is not None:
+                return self._commit(batch, plan, now_ns())
+            decided.update(await self._decide(missing))
+
+    def _plain(self, batch: Sequence[Outgoing], now_ns: int) -> Sent:
+        """A standalone node's send: every address checked first, so the batch is all or none."""
+        core = self.core
+        if len(batch) > 1:
+            for address in {m.address for m in batch}:
+                core.check_address(address)
+        ids: list[int] = []
+        total = Effects()
+        for m in batch:
+            msg_id, fx = core.send(m.address, m.body, m.headers, m.persistent, now_ns)
+            ids.append(msg_id)
+            total.merge(fx)
+        return ids, total
+
+    def _plan(
+        self,
+        batch: Sequence[Outgoing],
+        decided: dict[Key, Binding],
+        missing: dict[Key, str] | None,
+    ) -> list[list[Target] | None] | None:
+        """Targets of every message (None: the core's own routing), or None if one is missing.
+
+        With `missing`, every missing decision of the batch is collected in it (key ->
+        proposed node); without, planning stops at the first. Raises CoreError for a message
+        that cannot be routed, before anything was enqueued.
+        """
+        cluster = self.node.cluster
+        assert cluster is not None
+        core = self.core
+        handler: GroupingHandler | None = self.node.handler
+        grouping = self.config.grouping_handler
+        covers = cluster.config.covers
+        me = self.node_id
+        checked: set[str] = set()
+        queues_of: dict[str, list[tuple[str, QueueConfig]]] = {}
+        plan: list[list[Target] | None] = []
+        for m in batch:
+            address = m.address
+            if not covers(address) or address.startswith(SF_PREFIX):
+                if address not in checked:
+                    core.check_address(address)
+                    checked.add(address)
+                plan.append(None)
+                continue
+            queues = queues_of.get(address)
+            if queues is None:
+                queues = queues_of[address] = self._queues(cluster, address)
+            grouped = grouping is not None and grouping.covers(address)
+            targets: list[Target] = []
+            for queue, settings in queues:
+                key = group_key(settings, m.headers) if grouped else None
+                if key is None or handler is None:
+                    node = _node(cluster.choose(address, queue))
+                else:
+                    binding = decided.get((key, queue)) or handler.cached(key, queue)
+                    if binding is None:
+                        if missing is None:
+                            return None
+                        if (key, queue) not in missing:
+                            proposal = _node(cluster.choose(address, queue))
+                            missing[(key, queue)] = proposal or me
+                        continue
+                    node = None if binding.node == me else binding.node
+                if node is None and address not in checked:
+                    core.check_address(address)  # enqueued here: may it be (auto-created)?
+                    checked.add(address)
+                targets.append((queue, node))
+            plan.append(targets)
+        return None if missing else plan
+
+    def _queues(self, cluster: ClusterNode, address: str) -> list[tuple[str, QueueConfig]]:
+        """The queues a message to a clustered `address` goes to, with the settings that key it.
+
+        Multicast: every queue of the address known in the cluster. Anycast: the address's one
+        queue (the local one if it exists, else the one other nodes have, else the address
+        name, auto-created); each queue name keys its groups the same way on every node.
+        """
+        local = {q.name: q.settings for q in self.core.queues_of(address)}
+        remote = {
+            i.queue for i in cluster.topology.instances(address, include_down=True) if not i.local
+        }
+        declared = self.config.addresses.get(address)
+        if declared is not None and declared.routing_type == "multicast":
+            names = sorted(local.keys() | remote)
+        elif local:
+            names = [next(iter(local))]
+        else:
+            names = [min(remote)] if remote else [address]
+        default: QueueConfig | None = None
+        queues: list[tuple[str, QueueConfig]] = []
+        for name in names:
+            settings = local.get(name)
+            if settings is None:
+                default = default or self.config.queue_config_for(address)
+                settings = default
+            queues.append((name, settings))
+        return queues
+
+    def _commit(self, batch: Sequence[Outgoing], plan: list[list[Target] | None], now: int) -> Sent:
+        cluster = self.node.cluster
+        assert cluster is not None
+        core = self.core
+        ids: list[int] = []
+        total = Effects()
+        for m, targets in zip(batch, plan, strict=True):
+            if targets is None:
+                msg_id, fx = core.send(m.address, m.body, m.headers, m.persistent, now)
+                ids.append(msg_id)
+                total.merge(fx)
+                continue
+            first: int | None = None
+            for queue, node in targets:
+                if node is None:
+                    copy_id, fx = core.deliver_to(
+                        queue, m.address, m.body, m.headers, m.persistent, now
+                    )
+                else:
+                    fx = cluster.forward(
+                        node, queue, m.address, m.body, m.headers, m.persistent, now
+                    )
+                    copy_id = fx.added[-1].msg_id
+                if first is None:
+                    first = copy_id
+                total.merge(fx)
+            ids.append(first or 0)
+        return ids, total
+
+    async def _decide(self, missing: dict[Key, str]) -> dict[Key, Binding]:
+        """Every missing decision, concurrently; GroupingUnavailable if any does not come."""
+        handler = self.node.handler
+        cluster = self.node.cluster
+        assert handler is not None and cluster is not None
+        grouping = self.config.grouping_handler
+        # A LOCAL node that sees another LOCAL handler must not decide: two arbiters could
+        # bind one group twice. (A REMOTE node finds no arbiter to ask and times out.)
+        if (
+            grouping is not None
+            and grouping.type == "LOCAL"
+            and not cluster.topology.local_handler()
+        ):
+            group, queue = next(iter(missing))
+            raise GroupingUnavailable(
+                f"no grouping decision for group {group!r} on queue {queue!r}: "
+                f"{'; '.join(cluster.problems())}; new groups are refused until the "
+                "cluster has exactly one"
+            )
+        keys = list(missing)
+        answers = await asyncio.gather(
+            *(handler.decide(group, queue, missing[(group, queue)]) for group, queue in keys),
+            return_exceptions=True,
+        )
+        decided: dict[Key, Binding] = {}
+        for key, answer in zip(keys, answers, strict=True):
+            if isinstance(answer, DecisionTimeout | HandlerUnavailable | BindingStoreError):
+                raise GroupingUnavailable(str(answer))
+            if isinstance(answer, BaseException):
+                raise answer
+            decided[key] = answer
+        return decided
+
+    # ---- redistribution ---------------------------------------------------------------------
+
+    def redistribute_all(self) -> None:
+        """`redistribute` every clustered queue (after a topology change, and now and then)."""
+        for queue in self.core.queues():
+            if queue.ungrouped_pending and not queue.consumer_count:
+                self.redistribute(queue)
+
+    def redistribute(self, queue: Queue) -> None:
+        """ON_DEMAND: a queue without consumers hands its pending ungrouped messages to the
+        instances of the same queue that have consumers, through their SF queues.
+
+        Removing them here and adding them to the SF queue is one store write, so a crash
+        keeps each message exactly once. Grouped messages stay: moving them could put a
+        group at two consumers at once.
+        """
+        cluster = self.node.cluster
+        if (
+            cluster is None
+            or cluster.config.load_balancing != "ON_DEMAND"
+            or queue.consumer_count
+            or not queue.ungrouped_pending
+            or not cluster.config.covers(queue.address)
+            or queue.name.startswith(SF_PREFIX)
+        ):
+            return
+        busy = [
+            i
+            for i in cluster.topology.instances(queue.address)
+            if not i.local and i.queue == queue.name and i.consumers > 0
+        ]
+        if not busy:
+            return
+        now = now_ns()
+        taken, fx = self.core.take_ungrouped(queue.name)
+        moved: dict[str, int] = {}
+        for m in taken:
+            node = _node(cluster.choose(queue.address, queue.name)) or busy[0].node
+            fx.merge(
+                cluster.forward(node, queue.name, m.address, m.body, m.headers, m.persistent, now)
+            )
+            moved[node] = moved.get(node, 0) + 1
+        self.node.apply(fx)
+        log.info("ungrouped messages redistributed", queue=queue.name, to=moved)
+
+
+def _node(instance: Instance | None) -> str | None:
+    """The node to forward to, or None for this node."""
+    return None if instance is None or instance.local else instance.node

@@ -1,0 +1,256 @@
+"""Real `pinmq node` processes forming a cluster on loopback, and helpers to drive them.
+
+Each node has its own client, STOMP and cluster ports (picked once, kept across restarts) and
+its own data dir. `ClusterNodes.start` returns once every node is healthy and every running node
+sees every other one through gossip (the cluster `Inspect` RPC), so tests never race the links.
+Every wait is bounded; none of them asserts on timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import yaml
+from conftest import NodeProcess, free_port
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from broker.client import Client, Consumer, Received
+from broker.pb import cluster_pb2 as cpb
+from broker.pb import cluster_pb2_grpc as cpb_grpc
+from broker.stomp.frames import Frame, FrameParser, encode_frame
+
+WAIT_S = 20.0
+View = dict[str, dict[str, Any]]  # node id -> {"connected": bool, "instances": {queue: n}}
+
+
+def grouping(
+    node_ids: Iterable[str],
+    *,
+    timeout: int = 5000,
+    group_timeout: int = -1,
+    reaper_period: int = 30000,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """A spec: the first node LOCAL, the others REMOTE, the same grouping settings everywhere."""
+    spec: dict[str, dict[str, Any]] = {}
+    for i, node_id in enumerate(node_ids):
+        spec[node_id] = {
+            "grouping-handler": {
+                "type": "LOCAL" if i == 0 else "REMOTE",
+                "timeout": timeout,
+                "group-timeout": group_timeout,
+                "reaper-period": reaper_period,
+            },
+            **(extra or {}),
+        }
+    return spec
+
+
+class ClusterNodes:
+    """Node processes that list each other as connectors; `spec`: node id -> extra config."""
+
+    def __init__(self, workdir: Path, spec: Mapping[str, Mapping[str, Any]]) -> None:
+        self.cluster_addr = {node_id: f"127.0.0.1:{free_port()}" for node_id in spec}
+        self.nodes: dict[str, NodeProcess] = {}
+        for node_id, extra in spec.items():
+            node_dir = workdir / node_id
+            node_dir.mkdir()
+            peers = [a for n, a in self.cluster_addr.items() if n != node_id]
+            config: dict[str, Any] = {
+                "node": {"id": node_id},
+                "listen": {"cluster": self.cluster_addr[node_id]},
+                "cluster": {"connectors": peers, "reconnect-interval": 100},
+            }
+            for key, value in extra.items():
+                config[key] = {**config.get(key, {}), **value}
+            self.nodes[node_id] = NodeProcess(node_dir, config)
+
+    # ---- processes -----------------------------------------------------------------------
+
+    def start(self, *node_ids: str) -> ClusterNodes:
+        """Start nodes (default: all), wait until healthy and linked to every running node."""
+        chosen = node_ids or tuple(self.nodes)
+        for node_id in chosen:
+            self.nodes[node_id].start(wait=False)
+        for node_id in chosen:
+            self.nodes[node_id].wait_serving()
+        self.wait_linked()
+        return self
+
+    def stop(self, node_id: str, sig: int = signal.SIGTERM) -> None:
+        self.nodes[node_id].stop(sig)
+
+    def kill_all(self) -> None:
+        for node in self.nodes.values():
+            node.kill()
+
+    def running(self) -> list[str]:
+        return [n for n, p in self.nodes.items() if p.proc is not None and p.proc.poll() is None]
+
+    def url(self, node_id: str) -> str:
+        return self.nodes[node_id].url
+
+    def client(self, node_id: str) -> Client:
+        return Client(self.url(node_id))
+
+    def stomp_port(self, node_id: str) -> int:
+        config = yaml.safe_load(self.nodes[node_id].config_path.read_text())
+        return int(config["listen"]["stomp"].rpartition(":")[2])
+
+    def logs(self) -> str:
+        return "\n".join(f"==== {n}\n{p.log()[-6000:]}" for n, p in self.nodes.items())
+
+    # ---- what the nodes see --------------------------------------------------------------
+
+    def inspect(self, node_id: str) -> cpb.InspectResponse:
+        with grpc.insecure_channel(self.cluster_addr[node_id]) as channel:
+            return cpb_grpc.ClusterStub(channel).Inspect(cpb.InspectRequest(), timeout=5)
+
+    def view(self, node_id: str) -> View:
+        return {
+            n.state.node_id: {
+                "connected": n.connected,
+                "instances": {i.queue: i.consumers for i in n.state.instances},
+            }
+            for n in self.inspect(node_id).nodes
+        }
+
+    def health(self, node_id: str, service: str) -> int:
+        with grpc.insecure_channel(self.url(node_id)) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=5
+            )
+            return reply.status
+
+    def wait_until(self, check: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while not check():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}\n{self.logs()}")
+            time.sleep(0.03)
+
+    def wait_linked(self) -> None:
+        """Every running node sees every other running node connected."""
+        running = self.running()
+
+        def linked() -> bool:
+            for node_id in running:
+                view = self.view(node_id)
+                if not all(view.get(n, {}).get("connected") for n in running):
+                    return False
+            return True
+
+        self.wait_until(linked, f"gossip between {running}")
+
+    def wait_consumers(self, queue: str, counts: Mapping[str, int]) -> None:
+        """Every running node sees `queue@node` with these consumer counts (so routes use them)."""
+
+        def seen() -> bool:
+            for observer in self.running():
+                view = self.view(observer)
+                for node_id, n in counts.items():
+                    if view.get(node_id, {}).get("instances", {}).get(queue) != n:
+                        return False
+            return True
+
+        self.wait_until(seen, f"consumers {dict(counts)} of {queue} to be seen everywhere")
+
+
+# ---- consuming ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Collector:
+    """Consumers of one queue on several nodes, receiving and acking in the background.
+
+    `got` lists (consumer label, message) in the order each consumer received them.
+    """
+
+    got: list[tuple[str, Received]] = field(default_factory=list)
+    _consumers: list[Consumer] = field(default_factory=list)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def add(self, client: Client, queue: str, label: str, prefetch: int = 100) -> None:
+        consumer = client.consumer(queue, name=label, prefetch=prefetch)
+        await consumer.start()
+        self._consumers.append(consumer)
+        self._tasks.append(asyncio.create_task(self._run(consumer, label)))
+
+    async def _run(self, consumer: Consumer, label: str) -> None:
+        while (m := await consumer.receive()) is not None:
+            self.got.append((label, m))
+            self._arrived.set()
+            await m.ack()
+
+    async def wait(self, n: int, what: str = "") -> None:
+        """Until `n` messages arrived in all (bounded)."""
+        deadline = time.monotonic() + WAIT_S
+        while len(self.got) < n:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"only {len(self.got)} of {n} messages arrived {what}"
+            self._arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for consumer in self._consumers:
+            await consumer.close()
+        self._tasks, self._consumers = [], []
+
+    def bodies(self) -> list[str]:
+        return [m.body.decode() for _, m in self.got]
+
+    def per_group(self) -> dict[str | None, list[tuple[str, str]]]:
+        """group -> [(consumer label, body)] in arrival order."""
+        out: dict[str | None, list[tuple[str, str]]] = {}
+        for label, m in self.got:
+            out.setdefault(m.group_id, []).append((label, m.body.decode()))
+        return out
+
+    def owners(self) -> dict[str | None, set[str]]:
+        return {g: {label for label, _ in entries} for g, entries in self.per_group().items()}
+
+
+# ---- STOMP ------------------------------------------------------------------------------------
+
+
+async def stomp_send(
+    port: int, destination: str, messages: list[tuple[str, dict[str, str]]]
+) -> list[Frame]:
+    """Send persistent SENDs on one connection, a receipt on the last; the frames that come back.
+
+    Returns at the RECEIPT, or at the ERROR frame (the node then closes the connection).
+    """
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    parser = FrameParser(escaping=True)
+    writer.write(encode_frame("CONNECT", {"accept-version": "1.2", "host": "localhost"}))
+    for i, (body, headers) in enumerate(messages):
+        extra = {"receipt": "last"} if i == len(messages) - 1 else {}
+        frame_headers = {"destination": f"/queue/{destination}", "persistent": "true"}
+        writer.write(encode_frame("SEND", {**frame_headers, **headers, **extra}, body.encode()))
+    await writer.drain()
+    frames: list[Frame] = []
+    try:
+        async with asyncio.timeout(WAIT_S):
+            while True:
+                while (frame := parser.next()) is not None:
+                    frames.append(frame)
+                    if frame.command in ("RECEIPT", "ERROR"):
+                        return frames
+                data = await reader.read(65536)
+                assert data, f"connection closed; frames so far: {frames}"
+                parser.feed(data)
+    finally:
+        writer.close()

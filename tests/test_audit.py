@@ -1,0 +1,262 @@
+"""The audit log: the writer, a real node with `audit` on, the client and CLI side, crashes."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import NodeProcess, cli, unique
+
+from broker.audit import MID_HEADER, AuditLog, read_events, segments
+from broker.client import Client
+from broker.config import ConfigError, QueueConfig, parse_config
+from broker.core import BrokerCore
+from broker.queue import Effects
+
+AUDIT = {"audit": {"enabled": True, "flush-ms": 20}}
+
+
+def events_in(directory: Path) -> list[dict[str, Any]]:
+    return [e for path in segments(directory) for e in read_events(path)]
+
+
+def wait_for(directory: Path, check: Any, timeout: float = 10.0) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    while True:
+        events = events_in(directory) if directory.exists() else []
+        if check(events) or time.monotonic() > deadline:
+            return events
+        time.sleep(0.05)
+
+
+# ---- config ---------------------------------------------------------------------------------
+
+
+def test_the_audit_section_defaults_off_and_takes_sizes_with_units() -> None:
+    config = parse_config("node: {id: a}", "x.yaml")
+    assert not config.audit.enabled and config.audit.dir is None
+    assert config.audit.segment_bytes == 64 * 1024 * 1024
+    config = parse_config("node: {id: a}\naudit: {enabled: true, segment-bytes: 2KiB}", "x")
+    assert config.audit.segment_bytes == 2048
+    with pytest.raises(ConfigError, match=r"audit\.segment-bytes: got '2 parsecs'"):
+        parse_config("node: {id: a}\naudit: {segment-bytes: 2 parsecs}", "x")
+
+
+# ---- the writer ---------------------------------------------------------------------------
+
+
+def test_node_events_from_a_real_core(tmp_path: Path) -> None:
+    core = BrokerCore(parse_config("node: {id: n1}", "x"))
+    core.create_queue("q", "q", QueueConfig(max_delivery_attempts=2))
+    log = AuditLog(tmp_path, "n1", flush_ms=10).start()
+    fx = Effects()
+    for seq in (1, 2, 3):
+        headers = {"JMSXGroupID": "g", "JMSXGroupSeq": str(seq), MID_HEADER: f"p.1/{seq}"}
+        fx.merge(core.send("q", b"x", headers, True, 1)[1])
+    fx.merge(core.subscribe("q", "c1", "worker", 10, 2))
+    log.effects(fx)
+    log.effects(core.ack("q", "c1", [1], 3))
+    log.effects(core.release("q", "c1", [2], 4))  # takes back 3 as well; both redelivered
+    log.effects(core.reject("q", "c1", [4], 5))  # the redelivery of 2: dead-lettered
+    log.effects(core.close_consumer("q", "c1", 6))  # returns 3: its 2nd attempt, so dead
+    log.close()
+    events = events_in(tmp_path)
+    kinds = [(e["kind"], e.get("mid")) for e in events if e.get("queue") == "q"]
+    assert kinds == [
+        *[("sent", f"p.1/{i}") for i in (1, 2, 3)],
+        *[("delivered", f"p.1/{i}") for i in (1, 2, 3)],
+        ("acked", "p.1/1"),
+        ("released", "p.1/2"),
+        ("released", "p.1/3"),
+        ("delivered", "p.1/2"),
+        ("delivered", "p.1/3"),
+        ("rejected", "p.1/2"),
+        ("rejected", "p.1/3"),
+    ]
+    first = events[3]
+    assert first["node"] == "n1" and first["consumer"] == "c1" and first["delivery_count"] == 1
+    assert first["group"] == "g" and first["group_seq"] == 1 and first["producer"] == "p.1"
+    assert first["address"] == "q" and first["msg_id"] == 1 and isinstance(first["ts_ns"], int)
+    redelivered = [e for e in events if e["kind"] == "delivered" and e["mid"] == "p.1/2"][1]
+    assert redelivered["delivery_count"] == 2
+    assert [e["n"] for e in events] == list(range(1, len(events) + 1))
+    assert any(e["kind"] == "sent" and e["queue"] == "DLQ" for e in events)  # dead-lettered copy
+
+
+def test_routed_events_and_rolling_segments(tmp_path: Path) -> None:
+    log = AuditLog(tmp_path, "n2", segment_bytes=2000, flush_ms=10).start()
+    for i in range(60):
+        log.routed(
+            address="orders",
+            group=f"g{i}",
+            queue="orders",
+            node="n1",
+            epoch=3,
+            new_proposal=i % 2 == 0,
+            mid=f"p/{i}",
+            decision_ns=1500 if i % 2 == 0 else None,
+        )
+    log.close()
+    files = segments(tmp_path)
+    assert len(files) > 3 and all(f.stat().st_size <= 2000 for f in files)
+    assert [f.name for f in files[:2]] == [f"n2-{log.boot}-0.jsonl", f"n2-{log.boot}-1.jsonl"]
+    events = events_in(tmp_path)
+    assert len(events) == 60
+    assert events[0] == {
+        "ts_ns": events[0]["ts_ns"],
+        "node": "n2",
+        "epoch": 3,
+        "kind": "routed",
+        "mid": "p/0",
+        "address": "orders",
+        "queue": "orders",
+        "group": "g0",
+        "target": "orders@n1",
+        "new_proposal": True,
+        "decision_ns": 1500,
+        "n": 1,
+    }
+    assert "decision_ns" not in events[1]
+
+
+def test_the_reader_skips_a_torn_last_line_and_names_a_malformed_one(tmp_path: Path) -> None:
+    path = tmp_path / "n1-1-0.jsonl"
+    path.write_text('{"ts_ns":1,"node":"n1","kind":"sent"}\n{"ts_ns":2,"node":"n1","ki')
+    assert [e["ts_ns"] for e in read_events(path)] == [1]
+    path.write_text('{"ts_ns":1,"node":"n1","kind":"sent"}\nnot json\n{"ts_ns":3}\n')
+    with pytest.raises(ValueError, match=r"n1-1-0.jsonl:2: malformed audit line"):
+        list(read_events(path))
+
+
+# ---- a real node and the client --------------------------------------------------------------
+
+
+async def test_a_node_and_an_auditing_client_leave_both_sides_of_the_story(
+    node_factory: Any, tmp_path: Path
+) -> None:
+    node: NodeProcess = node_factory(AUDIT)
+    node_id = f"test-{node.port}"
+    queue, client_dir = unique("orders"), tmp_path / "clients"
+    async with Client(node.url, audit=client_dir, audit_name="drill") as client:
+        producer = client.producer(queue, group_id="g1")
+        await producer.send("one")
+        await producer.send_batch(["two", "three"])
+        await producer.send_many(["four", "five"], batch_size=1)
+        async with client.consumer(queue, name="worker", prefetch=10) as consumer:
+            got = [await consumer.receive(5) for _ in range(5)]
+            await got[0].ack()
+            await got[1].release()  # takes back 2..5 from this consumer
+            again = [await consumer.receive(5) for _ in range(4)]
+            await consumer.ack_many(again, wait=True)
+            consumer_id = consumer.consumer_id
+    assert [m.text for m in again] == ["two", "three", "four", "five"]
+    mids = [f"drill.p1/{i}" for i in range(1, 6)]
+
+    mine = events_in(client_dir)
+    sent = [e for e in mine if e["kind"] == "client_sent"]
+    assert [e["mid"] for e in sent] == mids
+    assert {e["producer"] for e in sent} == {"drill.p1"} and sent[0]["node"] == node.url
+    assert [e["group_seq"] for e in sent] == [1, 2, 3, 4, 5] and sent[0]["msg_id"] > 0
+    received = [e for e in mine if e["kind"] == "client_received"]
+    assert [e["mid"] for e in received] == mids + mids[1:]
+    assert {e["consumer"] for e in received} == {consumer_id}
+    assert received[0]["consumer_name"] == "worker" and received[-1]["delivery_count"] == 2
+    assert [e["mid"] for e in mine if e["kind"] == "client_acked"] == mids
+
+    audit_dir = node.data_dir / "audit"
+    theirs = wait_for(audit_dir, lambda ev: sum(e["kind"] == "acked" for e in ev) == 5)
+    ours = [e for e in theirs if e.get("queue") == queue]
+    assert all(e["node"] == node_id for e in ours)
+    by_kind = {k: [e["mid"] for e in ours if e["kind"] == k] for k in ("sent", "acked")}
+    assert by_kind == {"sent": mids, "acked": mids}
+    assert [e["mid"] for e in ours if e["kind"] == "released"] == mids[1:]
+    delivered = [e for e in ours if e["kind"] == "delivered"]
+    assert [e["mid"] for e in delivered] == mids + mids[1:]
+    assert {e["consumer"] for e in delivered} == {consumer_id}
+
+
+def test_the_cli_audits_sends_and_consumes(node_factory: Any, tmp_path: Path) -> None:
+    node = node_factory()
+    queue, audit = unique("cli"), tmp_path / "drill"
+    sent = cli(
+        "send",
+        queue,
+        "--group",
+        "g",
+        "--count",
+        "7",
+        "--body",
+        "x",
+        "--url",
+        node.url,
+        "--audit",
+        str(audit),
+    )
+    assert sent.returncode == 0, sent.stderr
+    got = cli(
+        "consume",
+        queue,
+        "--count",
+        "7",
+        "--timeout",
+        "5",
+        "--url",
+        node.url,
+        "--audit",
+        str(audit),
+        "--name",
+        "cli-worker",
+    )
+    assert got.returncode == 0, got.stderr
+    events = events_in(audit)
+    kinds = [e["kind"] for e in events]
+    assert kinds.count("client_sent") == 7 and kinds.count("client_received") == 7
+    assert kinds.count("client_acked") == 7
+    assert len({e["mid"] for e in events}) == 7
+    assert {e["consumer_name"] for e in events if "consumer_name" in e} == {"cli-worker"}
+
+
+async def test_kill_9_keeps_every_written_line_and_a_restart_writes_a_new_run(
+    node_factory: Any,
+) -> None:
+    node: NodeProcess = node_factory(AUDIT)
+    queue = unique("crash")
+    audit_dir = node.data_dir / "audit"
+    async with Client(node.url) as client:
+        producer = client.producer(queue, group_id="g")
+        await producer.send_many([f"m{i}" for i in range(2000)], batch_size=100)
+    before = wait_for(audit_dir, lambda ev: sum(e["kind"] == "sent" for e in ev) == 2000)
+    assert sum(e["kind"] == "sent" for e in before) == 2000
+    [first] = segments(audit_dir)
+    written = first.read_bytes()
+    # More load, and a kill -9 in the middle of it.
+    async with Client(node.url) as client:
+        producer = client.producer(queue, group_id="g2")
+        sending = asyncio.ensure_future(
+            producer.send_many([f"n{i}" for i in range(20000)], batch_size=50)
+        )
+        await asyncio.sleep(0.3)
+        node.stop(signal.SIGKILL)
+        with pytest.raises(Exception):  # noqa: B017 -- the node is gone, whatever the error
+            await sending
+    after = first.read_bytes()
+    assert after.startswith(written)  # nothing written before was touched
+    events = list(read_events(first))  # whole lines only (a torn tail would be skipped)
+    assert len(events) >= 2000
+    assert [e["n"] for e in events] == list(range(1, len(events) + 1))
+    node.start()
+    async with Client(node.url) as client, client.consumer(queue, prefetch=50) as consumer:
+        m = await consumer.receive(5)
+        assert m is not None and m.text == "m0"
+        await m.ack(wait=True)
+    node.stop()
+    files = segments(audit_dir)
+    assert len(files) == 2 and files[0] == first and files[0].read_bytes() == after
+    boots = sorted(int(f.name.split("-")[-2]) for f in files)
+    assert boots[0] < boots[1]
+    restarted = [e["kind"] for e in read_events(files[1]) if e.get("queue") == queue]
+    assert "delivered" in restarted and "acked" in restarted

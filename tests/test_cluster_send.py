@@ -1,0 +1,251 @@
+"""The clustered send path's decisions (cluster/sending.py), in process and without I/O.
+
+A node that is never started gets a real `ClusterNode` (its topology fed by hand, so routing
+is real) and a scripted grouping handler, so every decision can be checked on the Effects
+the `Sender` returns: which queue, which node, what is left untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.config import NodeConfig, QueueConfig
+from broker.core import CoreError
+from broker.message import GROUP_ID_HEADER
+from broker.node import Node
+from broker.queue import Effects
+from cluster.bridge import FORWARD_HEADER, sf_queue
+from cluster.node import ClusterNode
+from cluster.sending import GroupingUnavailable, Outgoing
+from cluster.topology import NodeState
+from handler.api import Binding, DecisionTimeout, GroupingHandler, HandlerUnavailable
+
+ME = "n1"
+
+
+class ScriptedHandler(GroupingHandler):
+    """Known bindings answer `cached`; `decide` records its calls and waits for `release`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bindings: dict[tuple[str, str], Binding] = {}
+        self.calls: list[tuple[str, str, str]] = []
+        self.release = asyncio.Event()
+        self.release.set()
+        self.fail: BaseException | None = None
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def cached(self, group: str, queue: str) -> Binding | None:
+        return self.bindings.get((group, queue))
+
+    async def decide(self, group: str, queue: str, proposal_node: str) -> Binding:
+        self.calls.append((group, queue, proposal_node))
+        await self.release.wait()
+        if self.fail is not None:
+            raise self.fail
+        binding = self.bindings.setdefault((group, queue), Binding(group, queue, proposal_node, 1))
+        return binding
+
+    async def list_bindings(self, group: str | None = None, limit: int = 0) -> list[Any]:
+        return []
+
+    async def unbind(self, group: str, queue: str | None = None) -> int:
+        return 0
+
+
+def bind(handler: ScriptedHandler, group: str, queue: str, node: str) -> None:
+    handler.bindings[(group, queue)] = Binding(group, queue, node, 1)
+
+
+@pytest.fixture
+def make(tmp_path: Path) -> Iterator[Any]:
+    """make(type=..., **config) -> (node, handler); peers n2 and n3 are linked."""
+
+    def build(handler_type: str = "REMOTE", **extra: Any) -> tuple[Node, ScriptedHandler]:
+        config = NodeConfig.model_validate(
+            {
+                "node": {"id": ME, "data-dir": str(tmp_path / ME)},
+                "cluster": {"address": "orders", "load-balancing": "ON_DEMAND"},
+                "grouping-handler": {"type": handler_type, "address": "orders"},
+                **extra,
+            }
+        )
+        node = Node(config)
+        node.cluster = ClusterNode(node)
+        node.handler = handler = ScriptedHandler()
+        return node, handler
+
+    yield build
+
+
+def peers(node: Node, instances: dict[str, dict[str, dict[str, int]]], **handlers: str) -> None:
+    """Announce and link peers: node id -> {address: {queue: consumers}}."""
+    assert node.cluster is not None
+    topology = node.cluster.topology
+    for peer, held in instances.items():
+        topology.update(NodeState(peer, f"{peer}:7701", handlers.get(peer), held, 1, 1))  # type: ignore[arg-type]
+        topology.connected(peer)
+
+
+def msg(body: str, group: str | None = None, address: str = "orders") -> Outgoing:
+    headers = {GROUP_ID_HEADER: group} if group else {}
+    return Outgoing(address, body.encode(), headers, True)
+
+
+def where(node: Node, fx: Effects) -> list[tuple[str, str]]:
+    """(body, queue@node) of every message added: forwarded ones by their SF queue's target."""
+    out = []
+    for m in fx.added:
+        if m.queue.startswith("$sf."):
+            target = m.queue.rsplit(".", 1)[1]
+            out.append((m.body.decode(), f"{m.headers[FORWARD_HEADER]}@{target}"))
+        else:
+            out.append((m.body.decode(), f"{m.queue}@{ME}"))
+    return out
+
+
+def untouched(node: Node) -> bool:
+    return all(q.depth == 0 for q in node.core.queues()) and not any(
+        q.name.startswith("$sf.") for q in node.core.queues()
+    )
+
+
+async def test_ungrouped_round_robin_and_cached_groups_route_at_once(make: Any) -> None:
+    node, handler = make()
+    node.core.create_queue("orders", "orders", QueueConfig())
+    peers(node, {"n2": {"orders": {"orders": 1}}, "n3": {"orders": {"orders": 1}}})
+    bind(handler, "g-here", "orders", ME)
+    bind(handler, "g-n3", "orders", "n3")
+    batch = [msg("u1"), msg("u2"), msg("a", "g-n3"), msg("b", "g-here"), msg("c", "g-n3")]
+    sent = node.sender.send_now(batch, 1)
+    assert sent is not None
+    ids, fx = sent
+    assert len(ids) == 5 and ids == sorted(ids)
+    assert where(node, fx) == [
+        ("u1", "orders@n2"),  # ON_DEMAND: only instances with consumers, local first if busy
+        ("u2", "orders@n3"),
+        ("a", "orders@n3"),
+        ("b", f"orders@{ME}"),
+        ("c", "orders@n3"),
+    ]
+    assert handler.calls == []
+
+
+async def test_a_missing_decision_defers_the_whole_batch_and_changes_nothing(make: Any) -> None:
+    node, handler = make()
+    node.core.create_queue("orders", "orders", QueueConfig())
+    peers(node, {"n2": {"orders": {"orders": 1}}})
+    bind(handler, "known", "orders", "n2")
+    batch = [msg("a", "known"), msg("b", "new"), msg("u")]
+    assert node.sender.send_now(batch, 1) is None
+    assert untouched(node) and handler.calls == []
+
+
+async def test_send_awaits_every_missing_decision_concurrently_then_routes_in_order(
+    make: Any,
+) -> None:
+    node, handler = make()
+    node.core.create_queue("orders", "orders", QueueConfig())
+    peers(node, {"n2": {"orders": {"orders": 1}}, "n3": {"orders": {"orders": 0}}})
+    handler.release.clear()
+    batch = [msg("a1", "ga"), msg("b1", "gb"), msg("a2", "ga"), msg("u")]
+    sending = asyncio.create_task(node.sender.send(batch))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    # Both decisions are asked for at once, each once, proposing what routing picks (the
+    # only instance with consumers); nothing is routed while they are out.
+    assert sorted(handler.calls) == [("ga", "orders", "n2"), ("gb", "orders", "n2")]
+    assert untouched(node) and not sending.done()
+    handler.release.set()
+    ids, fx = await sending
+    assert len(ids) == 4
+    assert [body for body, _ in where(node, fx)] == ["a1", "b1", "a2", "u"]
+    assert {target for _, target in where(node, fx)} == {"orders@n2"}
+
+
+async def test_no_decision_in_time_fails_the_batch_and_enqueues_nothing(make: Any) -> None:
+    node, handler = make()
+    node.core.create_queue("orders", "orders", QueueConfig())
+    bind(handler, "known", "orders", ME)
+    text = "no grouping decision for group 'new' on queue 'orders' within 1000 ms: unreachable"
+    handler.fail = DecisionTimeout(text)
+    with pytest.raises(GroupingUnavailable, match="within 1000 ms") as failed:
+        await node.sender.send([msg("a", "known"), msg("b", "new")])
+    assert failed.value.code == "unavailable" and str(failed.value) == text
+    assert untouched(node)
+    handler.fail = HandlerUnavailable("the LOCAL grouping handler is not running")
+    with pytest.raises(GroupingUnavailable, match="not running"):
+        await node.sender.send([msg("b", "new")])
+
+
+async def test_a_multicast_address_binds_each_queue_on_its_own(make: Any) -> None:
+    news = {"orders": {"routing-type": "multicast", "queues": {"orders.a": {}, "orders.b": {}}}}
+    node, handler = make(addresses=news)
+    peers(node, {"n2": {"orders": {"orders.a": 1, "orders.b": 0}}})
+    bind(handler, "g", "orders.a", "n2")
+    bind(handler, "g", "orders.b", ME)
+    sent = node.sender.send_now([msg("x", "g")], 1)
+    assert sent is not None
+    assert sorted(where(node, sent[1])) == [("x", "orders.a@n2"), ("x", f"orders.b@{ME}")]
+
+
+async def test_a_queue_only_other_nodes_have_is_the_target_and_keys_the_group(make: Any) -> None:
+    node, handler = make()
+    peers(node, {"n3": {"orders": {"orders.q": 1}}})
+    assert await node.sender.send([msg("x", "g")]) is not None
+    assert handler.calls == [("g", "orders.q", "n3")]
+
+
+async def test_addresses_outside_the_cluster_take_the_standalone_path(make: Any) -> None:
+    node, handler = make(**{"address-settings": {"closed": {"auto-create-queues": False}}})
+    peers(node, {"n2": {"misc": {"misc": 5}}})  # not clustered: cluster.address is "orders"
+    sent = node.sender.send_now([msg("x", "g", address="misc")], 1)
+    assert sent is not None and where(node, sent[1]) == [("x", f"misc@{ME}")]
+    with pytest.raises(CoreError, match="closed"):  # refused before anything is enqueued
+        node.sender.send_now([msg("y", address="orders"), msg("z", address="closed")], 2)
+    assert node.core.queues_of("orders") == [] and handler.calls == []
+
+
+async def test_a_local_handler_that_sees_another_refuses_new_groups(make: Any) -> None:
+    node, handler = make("LOCAL")
+    peers(node, {"n2": {}}, n2="LOCAL")
+    node.cluster.topology.update(  # type: ignore[union-attr]
+        NodeState(ME, f"{ME}:7701", "LOCAL", {}, 2, 1)
+    )
+    with pytest.raises(GroupingUnavailable, match="two LOCAL grouping handlers"):
+        await node.sender.send([msg("x", "g")])
+    assert handler.calls == []
+    bind(handler, "g", "orders", ME)  # a group bound before goes on
+    assert node.sender.send_now([msg("x", "g")], 1) is not None
+
+
+async def test_redistribution_moves_ungrouped_messages_only(make: Any) -> None:
+    node, _ = make()
+    node.core.create_queue("orders", "orders", QueueConfig())
+    for i, group in enumerate([None, "g", None, "g", None]):
+        node.core.send(
+            "orders", f"m{i}".encode(), {GROUP_ID_HEADER: group} if group else {}, True, 1
+        )
+    applied: list[Effects] = []
+    node.apply = lambda fx, receipt=None: applied.append(fx)  # type: ignore[method-assign]
+    node.sender.redistribute_all()
+    assert applied == []  # no instance elsewhere has consumers
+    peers(node, {"n2": {"orders": {"orders": 0}}, "n3": {"orders": {"orders": 2}}})
+    node.sender.redistribute_all()
+    [fx] = applied
+    assert [m.body for m in fx.removed] == [b"m0", b"m2", b"m4"]
+    assert where(node, Effects(added=fx.added)) == [
+        ("m0", "orders@n3"),
+        ("m2", "orders@n3"),
+        ("m4", "orders@n3"),
+    ]
+    assert node.core.queue("orders").depth == 2  # the group stays
+    assert node.core.queue(sf_queue("pinmq", "n3")).depth == 3
