@@ -58,6 +58,7 @@ MID_HEADER = "pinmq-mid"
 SEGMENT_BYTES = 64 * 1024 * 1024
 FLUSH_MS = 100
 BATCH_EVENTS = 20_000  # wake the writer early once this many events wait
+COMMON_CACHE = 200_000  # formatted message keys kept for the message's later events
 NODE_KINDS = ("sent", "routed", "delivered", "acked", "released", "rejected")
 CLIENT_KINDS = ("client_sent", "client_received", "client_acked")
 KINDS = NODE_KINDS + CLIENT_KINDS
@@ -110,6 +111,7 @@ class AuditLog:
         self._n = 0
         self._holder: dict[int, str] = {}  # id(message) -> consumer holding it
         self._cache: dict[str, str] = {}
+        self._common: dict[int, tuple[Any, str]] = {}  # id(message) -> (message, its keys)
         self._node_json = _enc(self.node)
         self.error: BaseException | None = None
 
@@ -289,8 +291,30 @@ class AuditLog:
                 f",{_enc(k)}:{json.dumps(v)}" for k, v in fields.items() if v is not None
             )
             return f'{head},"kind":{_enc(kind)}{body},"n":{self._n}}}\n'
+        # The message's own keys are the same in its sent, delivered and acked events: format
+        # them once (cached until the message is settled; the cache is bounded).
+        cached = self._common.get(id(m))
+        if cached is not None and cached[0] is m:
+            common = cached[1]
+            if kind is _ACKED or kind is _REJECTED:
+                del self._common[id(m)]
+        else:
+            common = self._message_keys(m)
+            if kind is not _ACKED and kind is not _REJECTED:
+                if len(self._common) >= COMMON_CACHE:
+                    self._common.clear()
+                self._common[id(m)] = (m, common)
+        tail = f',"consumer":{self._str(consumer)}' if consumer is not None else ""
+        if count is not None:
+            tail += f',"delivery_count":{count}'
+        return (
+            f'{{"ts_ns":{ts},"node":{self._node_json},"kind":"{kind}"{common}{tail},'
+            f'"n":{self._n}}}\n'
+        )
+
+    def _message_keys(self, m: Any) -> str:
         mid = m.headers.get(MID_HEADER)
-        parts = [f'{{"ts_ns":{ts},"node":{self._node_json},"kind":"{kind}","msg_id":{m.msg_id}']
+        parts = [f',"msg_id":{m.msg_id}']
         if mid is not None:
             parts.append(f',"mid":{_enc(mid)}')
         parts.append(f',"address":{self._str(m.address)},"queue":{self._str(m.queue)}')
@@ -302,11 +326,6 @@ class AuditLog:
             producer = mid.rpartition("/")[0]
             if producer:
                 parts.append(f',"producer":{self._str(producer)}')
-        if consumer is not None:
-            parts.append(f',"consumer":{self._str(consumer)}')
-        if count is not None:
-            parts.append(f',"delivery_count":{count}')
-        parts.append(f',"n":{self._n}}}\n')
         return "".join(parts)
 
 

@@ -1,0 +1,187 @@
+"""Timings of the PySpark checker (`pinmq check`) on synthetic histories, next to pure Python.
+
+For each size (default 1M and 10M events) the script generates a history once (pipeline/synth:
+3 nodes, 10,000 groups, a failover, ~7 events per message: routed, sent, client_sent,
+delivered, client_received, acked, client_acked) into `--dir` (kept for later runs), then times
+- the Spark job on `--master` (default local[2]): checks only, and checks plus statistics
+  (what `pinmq check` runs), in one SparkSession started once (its start is printed apart);
+- `pipeline/pure.py`: the same five checks in one Python process, one pass over the files.
+Every run must find the history clean; the script fails otherwise.
+
+With `--audit-cost` it measures the audit log's cost instead: bench/end_to_end.py's grouped
+persistent scenario (3 consumers, one producer process, real node process), alternately with
+the node's `audit` off and on (the clients do not audit), best of `--repeat` runs each, and
+prints the throughput cost.
+
+Usage: python bench/checker.py [--sizes 1000000 10000000] [--dir DIR] [--master URL]
+       python bench/checker.py --audit-cost [--repeat 3] [--messages 60000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from pipeline import job, pure, synth
+from pipeline.spark import session
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+EVENTS_PER_MESSAGE = 7
+
+
+def history(base: Path, events: int) -> Path:
+    """The history of about `events` events under `base`, generated unless it is there."""
+    out = base / f"history-{events}"
+    marker = out / "GENERATED.json"
+    if marker.exists():
+        return out
+    shutil.rmtree(out, ignore_errors=True)
+    t = time.monotonic()
+    made = synth.generate(
+        out, messages=events // EVENTS_PER_MESSAGE, groups=10_000, failover=True, releases=100
+    )
+    marker.write_text(json.dumps({"events": made.events}))
+    print(f"generated {made.events:,} events in {time.monotonic() - t:.1f} s -> {out}")
+    return out
+
+
+def size_of(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*.jsonl"))
+
+
+def audit_cost(args: argparse.Namespace) -> int:
+    """End-to-end msg/s with the node's audit log off and on (bench/end_to_end.py's scenario)."""
+    import asyncio
+    import contextlib
+    import os
+
+    import end_to_end as e2e
+    import yaml
+
+    original_dump = yaml.safe_dump
+    audit_on = {"value": False}
+    rates: dict[bool, list[float]] = {False: [], True: []}
+
+    def dump(config: object, *a: object, **k: object) -> str:
+        # running_node writes the node config with yaml.safe_dump: add the audit section.
+        if isinstance(config, dict) and "node" in config and audit_on["value"]:
+            data_dir = Path(config["node"]["data-dir"])
+            config = {**config, "audit": {"enabled": True, "dir": str(data_dir / "audit")}}
+        return original_dump(config, *a, **k)
+
+    scenario = e2e.run_scenario
+
+    async def measured(*a: object, **k: object) -> object:
+        outcome = await scenario(*a, **k)
+        rates[audit_on["value"]].append(outcome.e2e_rate)
+        return outcome
+
+    e2e.yaml.safe_dump = dump  # type: ignore[attr-defined]
+    e2e.run_scenario = measured  # type: ignore[assignment]
+    e2e_args = argparse.Namespace(
+        quick=False,
+        messages=args.messages,
+        layout="shared",
+        prefetch=e2e.PREFETCH,
+        batch=e2e.BATCH_SIZE,
+        window=e2e.WINDOW,
+        repeat=1,
+        groups=[100],
+        modes=["persistent"],
+    )
+    for run in range(args.repeat):
+        for on in (False, True):
+            audit_on["value"] = on
+            print(f"--- run {run + 1}/{args.repeat}, audit {'on' if on else 'off'} ---", flush=True)
+            with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
+                asyncio.run(e2e.amain(e2e_args))
+            print(f"    {rates[on][-1]:,.0f} msg/s", flush=True)
+    off, on = max(rates[False]), max(rates[True])
+    print(f"\naudit off: best {off:,.0f} msg/s ({', '.join(f'{r:,.0f}' for r in rates[False])})")
+    print(f"audit on:  best {on:,.0f} msg/s ({', '.join(f'{r:,.0f}' for r in rates[True])})")
+    cost = (1 - on / off) * 100
+    print(f"throughput cost of the audit log: {cost:.1f}% (target < 15%)")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "pinmq-bench")
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--no-pure", action="store_true", help="skip the pure-Python pass")
+    parser.add_argument("--audit-cost", action="store_true", help="measure the audit log's cost")
+    parser.add_argument("--repeat", type=int, default=3, help="--audit-cost: runs per setting")
+    parser.add_argument("--messages", type=int, default=60_000, help="--audit-cost: per run")
+    args = parser.parse_args()
+    if args.audit_cost:
+        return audit_cost(args)
+    args.dir.mkdir(parents=True, exist_ok=True)
+    paths = {n: history(args.dir, n) for n in args.sizes}
+
+    t = time.monotonic()
+    spark = session(args.master)
+    print(f"SparkSession on {args.master}: {time.monotonic() - t:.1f} s")
+    warm = args.dir / "warm-up"
+    if not (warm / "GENERATED.json").exists():
+        synth.generate(warm, messages=2_000, groups=20)
+        (warm / "GENERATED.json").write_text("{}")
+    t = time.monotonic()
+    job.run(spark, warm)
+    print(f"warm-up run (14k events, JIT and first jobs): {time.monotonic() - t:.1f} s")
+
+    rows = []
+    ok = True
+    for path in paths.values():
+        t = time.monotonic()
+        checks_only = job.run(spark, path, with_stats=False)
+        t_checks = time.monotonic() - t
+        t = time.monotonic()
+        full = job.run(spark, path)
+        t_full = time.monotonic() - t
+        t_pure = None
+        if not args.no_pure:
+            t = time.monotonic()
+            counts = pure.check(path)
+            t_pure = time.monotonic() - t
+            ok &= not any(counts.values())
+        ok &= checks_only.clean and full.clean
+        lines = full.history.lines
+        rows.append((lines, size_of(path), t_checks, t_full, t_pure))
+        print(
+            f"{lines:>12,} events: spark checks {t_checks:6.1f} s, checks+stats {t_full:6.1f} s, "
+            + (f"pure Python {t_pure:6.1f} s" if t_pure is not None else "pure Python skipped"),
+            flush=True,
+        )
+
+    print()
+    print(
+        "| events | JSON size | Spark checks | Spark checks + stats | pure Python | "
+        "pure / Spark (checks + stats) | Spark µs per event |"
+    )
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for lines, size, t_checks, t_full, t_pure in rows:
+        ratio = f"{t_pure / t_full:.2f}x" if t_pure else "-"
+        pure_s = f"{t_pure:.1f} s" if t_pure else "-"
+        print(
+            f"| {lines:,} | {size / 1e6:,.0f} MB | {t_checks:.1f} s | {t_full:.1f} s | {pure_s} "
+            f"| {ratio} | {t_full / lines * 1e6:.2f} |"
+        )
+    if len(rows) > 1:
+        (l0, _, _, f0, _), (l1, _, _, f1, _) = rows[0], rows[-1]
+        print(f"\ngrowth: {l1 / l0:.1f}x events took {f1 / f0:.1f}x the time (checks + stats)")
+    spark.stop()
+    if not ok:
+        print("FAIL: a clean history was reported with violations", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

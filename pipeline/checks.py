@@ -1,0 +1,214 @@
+"""The checks: each takes the events (see history.py) and returns a DataFrame of violations.
+
+Everything is Spark DataFrame work (window functions, joins, aggregations); only counts and a
+few examples per kind ever reach Python. Events are ordered by `(ts_ns, n)`: the wall clock,
+then the writer's sequence number for events written in the same instant.
+
+Consumption is read from the nodes' events (`delivered`, `acked`, `released`, `rejected`)
+when the history has any; a history with only client events is read from `client_received`
+and `client_acked` instead. Internal queues (`$...`) never count as consumption.
+
+Definitions (the counts are of the rows returned):
+- lost: a `client_sent` message (the node confirmed it) that no consumer ever acked or
+  rejected (no node `acked`/`rejected` on a consumer-visible queue, no `client_acked`).
+- duplicates: a delivery of a message to a queue after an earlier one, where the event
+  before it (for that message in that queue) was not a `released` or `rejected`, and the
+  run of the node that made the earlier delivery had not ended (a crash loses consumers).
+- order violations: a message whose processing (its first ack or reject) came before that of
+  the message just before it in its group (same queue, group and producer, by `group_seq`,
+  messages with a positive sequence only). A predecessor never settled is reported as lost,
+  not again here.
+- exclusivity violations: a consumer starting to hold unacknowledged messages of a group
+  (a delivery while it held none of that group) while another consumer held some. A hold
+  ends with the message's next event (acked, released, rejected) or with its node's run.
+- routing: a (group, arbiter epoch) whose `routed` events name more than one queue@node.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+SETTLE = ("acked", "rejected")
+CONSUMPTION = ("delivered", "acked", "released", "rejected")
+CLIENT_AS_NODE = {"client_received": "delivered", "client_acked": "acked"}
+
+
+def _f():  # type: ignore[no-untyped-def]
+    from pyspark.sql import functions as F
+
+    return F
+
+
+def _w():  # type: ignore[no-untyped-def]
+    from pyspark.sql import Window
+
+    return Window
+
+
+def at(df: DataFrame) -> Column:
+    """The event's position in time, comparable across events: (ts_ns, n)."""
+    F = _f()
+    return F.struct(F.col("ts_ns").alias("ts"), F.coalesce("n", F.lit(0)).alias("n"))
+
+
+def runs(events: DataFrame) -> DataFrame:
+    """(node, boot, source, run_end): when each writer run's last event happened."""
+    F = _f()
+    return events.groupBy("node", "boot", "source").agg(F.max("ts_ns").alias("run_end"))
+
+
+def consumption(events: DataFrame) -> DataFrame:
+    """The consumption events checks work on: node events, or client ones if no node's."""
+    F = _f()
+    visible = ~F.col("internal")
+    node = events.filter(F.col("kind").isin(*CONSUMPTION) & visible)
+    if node.filter(F.col("kind") == "delivered").limit(1).count():
+        return node
+    mapping = F.create_map(*[F.lit(x) for pair in CLIENT_AS_NODE.items() for x in pair])
+    client = events.filter(F.col("kind").isin(*CLIENT_AS_NODE) & visible)
+    return client.withColumn("kind", mapping[F.col("kind")])
+
+
+def per_message(cons: DataFrame, run_ends: DataFrame) -> DataFrame:
+    """Deliveries with what came before and after them for the same message in its queue.
+
+    One window pass (one sort) feeds the duplicate, order and exclusivity checks: `prev` and
+    `next` are the events either side, `settled` the message's first ack or reject in that
+    queue (as `at`), and `first` marks its first delivery.
+    """
+    F, W = _f(), _w()
+    w = W.partitionBy("queue", "key").orderBy("ts_ns", "n")
+    whole = w.rowsBetween(W.unboundedPreceding, W.unboundedFollowing)
+    prev = F.lag(F.struct("kind", "node", "boot", "ts_ns")).over(w)
+    nxt = F.lead(F.struct("kind", "ts_ns", "n")).over(w)
+    settled = F.min(F.when(F.col("kind").isin(*SETTLE), at(cons))).over(whole)
+    delivered = F.when(F.col("kind") == "delivered", 1).otherwise(0)
+    with_ctx = cons.select(
+        "ts_ns", "n", "kind", "node", "boot", "key", "msg_id", "queue", "group",
+        "group_seq", "producer", "consumer", "delivery_count",
+        prev.alias("prev"), nxt.alias("next"), settled.alias("settled"),
+        (F.sum(delivered).over(w.rowsBetween(W.unboundedPreceding, 0)) == 1).alias("first"),
+    )  # fmt: skip
+    deliveries = with_ctx.filter(F.col("kind") == "delivered")
+    run_ends = run_ends.groupBy("node", "boot").agg(F.max("run_end").alias("run_end"))
+    prev_runs = run_ends.select(
+        F.col("node").alias("p_node"),
+        F.col("boot").alias("p_boot"),
+        F.col("run_end").alias("p_end"),
+    )
+    own_runs = run_ends.select(
+        F.col("node").alias("o_node"),
+        F.col("boot").alias("o_boot"),
+        F.col("run_end").alias("o_end"),
+    )
+    return (
+        deliveries.join(
+            F.broadcast(prev_runs),
+            (F.col("prev.node") == F.col("p_node")) & (F.col("prev.boot") == F.col("p_boot")),
+            "left",
+        )
+        .join(
+            F.broadcast(own_runs),
+            (F.col("node") == F.col("o_node")) & (F.col("boot") == F.col("o_boot")),
+            "left",
+        )
+        .drop("p_node", "p_boot", "o_node", "o_boot")
+    )
+
+
+def lost(events: DataFrame) -> DataFrame:
+    F = _f()
+    sent = events.filter(F.col("kind") == "client_sent").dropDuplicates(["key"])
+    settled = events.filter(
+        (F.col("kind").isin(*SETTLE) & ~F.col("internal")) | (F.col("kind") == "client_acked")
+    ).select("key")
+    return sent.join(settled, "key", "left_anti").select(
+        "key", "producer", "address", "group", "group_seq", "msg_id", "node", "ts_ns"
+    )
+
+
+def duplicates(deliveries: DataFrame) -> DataFrame:
+    F = _f()
+    prev = F.col("prev")
+    legit = prev.kind.isin("released", "rejected") | (
+        ((prev.node != F.col("node")) | (prev.boot != F.col("boot")))
+        & (F.col("p_end") < F.col("ts_ns"))
+    )
+    return deliveries.filter(prev.isNotNull() & ~legit).select(
+        "key", "queue", "group", "group_seq", "consumer", "node", "ts_ns",
+        F.col("prev.kind").alias("previous_event"), F.col("prev.ts_ns").alias("previous_ts_ns"),
+    )  # fmt: skip
+
+
+def order(deliveries: DataFrame) -> DataFrame:
+    F, W = _f(), _w()
+    messages = deliveries.filter(
+        F.col("first") & F.col("group").isNotNull() & (F.col("group_seq") > 0)
+    ).select("queue", "group", "producer", "key", "group_seq", "settled")
+    w = W.partitionBy("queue", "group", "producer").orderBy("group_seq")
+    ranked = messages.select(
+        "*",
+        F.lag("key").over(w).alias("before_key"),
+        F.lag("group_seq").over(w).alias("before_seq"),
+        F.lag("settled").over(w).alias("before_settled"),
+    )
+    return ranked.filter(
+        F.col("settled").isNotNull()
+        & F.col("before_settled").isNotNull()
+        & (F.col("settled") < F.col("before_settled"))
+    ).select(
+        "queue", "group", "producer", "key", "group_seq", "before_key", "before_seq",
+        F.col("settled.ts").alias("settled_ts_ns"),
+        F.col("before_settled.ts").alias("before_settled_ts_ns"),
+    )  # fmt: skip
+
+
+def exclusivity(deliveries: DataFrame) -> DataFrame:
+    F, W = _f(), _w()
+    grouped = deliveries.filter(F.col("group").isNotNull() & F.col("consumer").isNotNull())
+    ends = F.col("next").kind.isin("acked", "released", "rejected")
+    start = grouped.select(
+        "queue", "group", "consumer", "key", "node", "ts_ns", "n", F.lit(1).alias("delta")
+    )
+    end = grouped.select(
+        "queue", "group", "consumer", "key", "node",
+        F.when(ends, F.col("next.ts_ns")).otherwise(F.col("o_end")).alias("ts_ns"),
+        F.when(ends, F.col("next.n")).otherwise(F.lit(1 << 62)).alias("n"),
+        F.lit(-1).alias("delta"),
+    ).filter(F.col("ts_ns").isNotNull())  # fmt: skip
+    holds = start.unionByName(end)
+    rows = W.unboundedPreceding, -1
+    by_consumer = W.partitionBy("queue", "group", "consumer").orderBy("ts_ns", "n", "delta")
+    by_group = W.partitionBy("queue", "group").orderBy("ts_ns", "n", "delta")
+    counted = holds.withColumn(
+        "mine", F.coalesce(F.sum("delta").over(by_consumer.rowsBetween(*rows)), F.lit(0))
+    ).withColumn("all", F.coalesce(F.sum("delta").over(by_group.rowsBetween(*rows)), F.lit(0)))
+    return counted.filter(
+        (F.col("delta") == 1) & (F.col("mine") == 0) & (F.col("all") > 0)
+    ).select(
+        "queue", "group", "consumer", "key", "node", "ts_ns",
+        F.col("all").alias("held_by_others"),
+    )  # fmt: skip
+
+
+def routed_events(events: DataFrame) -> DataFrame:
+    F = _f()
+    return events.filter(F.col("kind") == "routed").select(
+        "ts_ns", "n", "epoch", "address", "group", "target", "new_proposal", "decision_ns"
+    )
+
+
+def routing(routed: DataFrame) -> DataFrame:
+    F = _f()
+    return (
+        routed.filter(F.col("group").isNotNull())
+        .groupBy("address", "group", "epoch")
+        .agg(
+            F.array_sort(F.collect_set("target")).alias("targets"),
+            F.count(F.lit(1)).alias("events"),
+        )
+        .filter(F.size("targets") > 1)
+    )

@@ -1,0 +1,61 @@
+"""The SparkSession the checker runs on: quiet, sized for one machine unless given a master."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+DEFAULT_MASTER = "local[*]"
+_LOG4J = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
+"""
+
+
+class SparkUnavailable(Exception):
+    """pyspark is not installed or Spark cannot start (no Java): one line saying which."""
+
+
+def session(master: str = DEFAULT_MASTER, app: str = "pinmq-check") -> SparkSession:
+    """A SparkSession on `master`; SparkUnavailable when Spark cannot start."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:
+        raise SparkUnavailable(
+            "pinmq check needs pyspark: pip install 'pinmq[check]' (and Java 17+)"
+        ) from None
+    log4j = Path(tempfile.gettempdir()) / "pinmq-check-log4j2.properties"
+    if not log4j.exists() or log4j.read_text() != _LOG4J:
+        log4j.write_text(_LOG4J)
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app)
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+    )
+    if master.startswith("local"):
+        builder = builder.config("spark.driver.memory", os.environ.get("PINMQ_SPARK_MEMORY", "4g"))
+        builder = builder.config("spark.sql.shuffle.partitions", "8")
+    try:
+        spark = builder.getOrCreate()
+    except Exception as err:  # no Java, a bad master URL, ...: one line, no trace
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise SparkUnavailable(f"cannot start Spark on {master}: {first}") from None
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark

@@ -1,0 +1,215 @@
+"""Statistics of a history: distribution of messages and groups, decision latency, failover gaps.
+
+Computed with Spark aggregations; only the (small) aggregated results are collected.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+PERCENTILES = (0.5, 0.9, 0.99, 0.999)
+TIMELINE_BUCKETS = 120
+GAP_BEFORE_S, GAP_AFTER_S = 10.0, 30.0  # where to look for the pause around a failover
+END_S = 1.0  # a node run ending less than this before the last delivery is no failover
+
+
+def _skew(values: list[int]) -> float | None:
+    if not values:
+        return None
+    mean = sum(values) / len(values)
+    return round(max(values) / mean, 3) if mean else None
+
+
+def _pct(row: Any, name: str) -> dict[str, Any]:
+    values = row[name] or []
+    names = [f"p{str(p * 100).rstrip('0').rstrip('.')}" for p in PERCENTILES]
+    return dict(zip(names, values, strict=False))
+
+
+def compute(
+    events: DataFrame, deliveries: DataFrame, routed: DataFrame, run_ends: DataFrame
+) -> dict[str, Any]:
+    """Everything the summary and report show besides the violations.
+
+    `deliveries` and `routed` come from the job (cached); the heavy part is one aggregation of
+    first deliveries per (node, consumer, queue, group), which everything else derives from.
+    """
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    out: dict[str, Any] = {}
+    first = deliveries.filter(F.col("first"))
+    cells = (
+        first.groupBy("node", "consumer", "queue", "group")
+        .agg(
+            F.count(F.lit(1)).alias("messages"),
+            F.min("ts_ns").alias("lo"),
+            F.max("ts_ns").alias("hi"),
+        )
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
+    per_node = (
+        cells.groupBy("node")
+        .agg(
+            F.sum("messages").alias("messages"),
+            F.countDistinct("queue", "group").alias("groups"),
+            F.countDistinct("consumer").alias("consumers"),
+        )
+        .orderBy("node")
+        .collect()
+    )
+    out["per_node"] = [r.asDict() for r in per_node]
+    names = (
+        events.filter(F.col("consumer_name").isNotNull() & (F.col("kind") == "client_received"))
+        .groupBy("consumer")
+        .agg(F.first("consumer_name").alias("name"))
+        .collect()
+    )
+    name_of = {r["consumer"]: r["name"] for r in names}
+    per_consumer = (
+        cells.filter(F.col("consumer").isNotNull())
+        .groupBy("node", "consumer")
+        .agg(F.sum("messages").alias("messages"), F.count(F.col("group")).alias("groups"))
+        .orderBy("node", "consumer")
+        .collect()
+    )
+    out["per_consumer"] = [{**r.asDict(), "name": name_of.get(r["consumer"])} for r in per_consumer]
+    out["skew"] = {
+        "messages_per_node": _skew([r["messages"] for r in per_node]),
+        "groups_per_node": _skew([r["groups"] for r in per_node]),
+        "messages_per_consumer": _skew([r["messages"] for r in per_consumer]),
+        "groups_per_consumer": _skew([r["groups"] for r in per_consumer]),
+    }
+
+    sizes = (
+        cells.filter(F.col("group").isNotNull())
+        .groupBy("queue", "group")
+        .agg(F.sum("messages").alias("size"))
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
+    size_row = sizes.agg(
+        F.count(F.lit(1)).alias("groups"),
+        F.min("size").alias("min"),
+        F.max("size").alias("max"),
+        F.avg("size").alias("mean"),
+        F.percentile_approx("size", list(PERCENTILES)).alias("pct"),
+    ).first()
+    histogram = (
+        sizes.groupBy(F.floor(F.log2("size")).cast("int").alias("b")).count().orderBy("b").collect()
+    )
+    out["group_sizes"] = {
+        "groups": int(size_row["groups"]),
+        "min": size_row["min"],
+        "max": size_row["max"],
+        "mean": round(size_row["mean"], 3) if size_row["mean"] is not None else None,
+        **_pct(size_row, "pct"),
+        "histogram": [
+            {"from": 2 ** r["b"], "to": 2 ** (r["b"] + 1) - 1, "groups": int(r["count"])}
+            for r in histogram
+        ],
+    }
+    sizes.unpersist()
+
+    decisions = routed.filter(F.col("new_proposal") & F.col("decision_ns").isNotNull()).select(
+        (F.col("decision_ns") / 1e6).alias("ms")
+    )
+    bucket = F.floor(F.log2(F.greatest("ms", F.lit(0.001))) * 2).cast("int")
+    lat_rows = decisions.groupBy(bucket.alias("b")).count()
+    lat = decisions.agg(
+        F.count(F.lit(1)).alias("count"),
+        F.max("ms").alias("max"),
+        F.percentile_approx("ms", list(PERCENTILES), 10000).alias("pct"),
+    ).first()
+    lat_hist = lat_rows.orderBy("b").collect()
+    out["decision_latency_ms"] = {
+        "count": int(lat["count"]),
+        "max": lat["max"],
+        **_pct(lat, "pct"),
+        "histogram": [
+            {
+                "from_ms": round(2 ** (r["b"] / 2), 4),
+                "to_ms": round(2 ** ((r["b"] + 1) / 2), 4),
+                "count": int(r["count"]),
+            }
+            for r in lat_hist
+        ],
+    }
+
+    span = cells.agg(F.min("lo").alias("lo"), F.max("hi").alias("hi")).first()
+    timeline: dict[str, Any] = {"start_ns": span["lo"], "end_ns": span["hi"], "series": {}}
+    if span["lo"] is not None:
+        width = max(1, (span["hi"] - span["lo"]) // TIMELINE_BUCKETS + 1)
+        timeline["bucket_ns"] = width
+        b = ((F.col("ts_ns") - F.lit(span["lo"])) / width).cast("long")
+        for r in first.groupBy("node", b.alias("b")).count().collect():
+            series = timeline["series"].setdefault(r["node"], [0] * TIMELINE_BUCKETS)
+            series[min(r["b"], TIMELINE_BUCKETS - 1)] += int(r["count"])
+    out["timeline"] = timeline
+    out["failovers"] = failover_gaps(deliveries, routed, run_ends)
+    cells.unpersist()
+    return out
+
+
+def failover_gaps(
+    deliveries: DataFrame, routed: DataFrame, run_ends: DataFrame
+) -> list[dict[str, Any]]:
+    """Delivery gaps around failovers: a node's run ending while others go on, or a new epoch.
+
+    For each such moment, the longest pause between two deliveries (anywhere in the cluster)
+    from `GAP_BEFORE_S` before it to `GAP_AFTER_S` after it.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    ends = run_ends.filter(F.col("source") == "node").collect()
+    epochs = (
+        routed.filter(F.col("epoch").isNotNull())
+        .groupBy("epoch")
+        .agg(F.min("ts_ns").alias("at"))
+        .orderBy("epoch")
+        .collect()
+    )
+    # A run that ends when (or just before) the deliveries end is the end of the test, not a
+    # failover: only runs the cluster went on delivering well after count.
+    last = deliveries.agg(F.max("ts_ns")).first()[0]
+    if last is None:
+        return []
+    moments = [
+        (f"node {r['node']} stopped", r["run_end"])
+        for r in ends
+        if last - r["run_end"] > END_S * 1e9
+    ]
+    moments += [(f"epoch {r['epoch']} began", r["at"]) for r in epochs[1:] if r["at"] < last]
+    if not moments:
+        return []
+    frame = deliveries.sparkSession.createDataFrame(moments, "what string, at long")
+    near = (
+        deliveries.select("ts_ns")
+        .crossJoin(F.broadcast(frame))
+        .filter(
+            (F.col("ts_ns") >= F.col("at") - int(GAP_BEFORE_S * 1e9))
+            & (F.col("ts_ns") <= F.col("at") + int(GAP_AFTER_S * 1e9))
+        )
+    )
+    w = Window.partitionBy("what", "at").orderBy("ts_ns")
+    gaps = near.select("what", "at", "ts_ns", F.lag("ts_ns").over(w).alias("prev"))
+    found = (
+        gaps.filter(F.col("prev").isNotNull())
+        .groupBy("what", "at")
+        .agg(F.max_by(F.struct("prev", "ts_ns"), F.col("ts_ns") - F.col("prev")).alias("g"))
+        .orderBy("at")
+        .collect()
+    )
+    return [
+        {
+            "what": r["what"],
+            "at_ns": r["at"],
+            "gap_from_ns": r["g"]["prev"],
+            "gap_to_ns": r["g"]["ts_ns"],
+            "gap_ms": round((r["g"]["ts_ns"] - r["g"]["prev"]) / 1e6, 3),
+        }
+        for r in found
+    ]

@@ -1,0 +1,324 @@
+"""The PySpark checker on real Spark (`local[2]`, one SparkSession for the whole module).
+
+Synthetic histories (pipeline/synth.py) carry each kind of violation with a known count; the
+checker must report exactly that count and nothing else, agree with the pure-Python reference,
+and call a clean history clean. Bad input gets one clear line and exit code 2. A history
+recorded by a real three-node cluster with grouped load through every node is checked clean.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cluster_nodes import ClusterNodes, grouping
+from conftest import unique
+
+from broker.client import Client
+from pipeline import job, pure
+from pipeline.cli import run_check
+from pipeline.history import HistoryError, load
+from pipeline.synth import Inject, generate
+
+VIOLATIONS = ("lost", "duplicates", "order", "exclusivity", "routing")
+NONE = dict.fromkeys(VIOLATIONS, 0)
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    from pipeline.spark import session
+
+    s = session("local[2]", app="pinmq-tests")
+    yield s
+    s.stop()
+
+
+# ---- synthetic histories ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kind", "count"),
+    [("lost", 3), ("duplicates", 2), ("order", 4), ("exclusivity", 5), ("routing", 2)],
+)
+def test_each_injected_violation_is_found_with_its_exact_count(
+    spark: Any, tmp_path: Path, kind: str, count: int
+) -> None:
+    generate(tmp_path, messages=3000, groups=40, releases=2, inject=Inject(**{kind: count}))
+    result = job.run(spark, tmp_path, with_stats=False)
+    assert result.counts == {**NONE, kind: count}
+    assert pure.check(tmp_path) == result.counts
+    assert len(result.examples[kind]) == count
+    assert not result.clean
+
+
+def test_all_kinds_at_once_are_counted_apart_and_listed_with_their_events(
+    spark: Any, tmp_path: Path
+) -> None:
+    injected = Inject(lost=1, duplicates=2, order=3, exclusivity=4, routing=5)
+    generate(tmp_path, messages=6000, groups=60, failover=True, inject=injected)
+    result = job.run(spark, tmp_path, with_stats=False)
+    assert result.counts == {"lost": 1, "duplicates": 2, "order": 3, "exclusivity": 4, "routing": 5}
+    assert pure.check(tmp_path) == result.counts
+    lost = result.examples["lost"][0]
+    kinds = [e["kind"] for e in result.events[lost["key"]]]
+    assert "sent" in kinds and "delivered" not in kinds  # confirmed, never delivered
+    dup = result.examples["duplicates"][0]
+    assert dup["previous_event"] == "acked"
+    assert [e["kind"] for e in result.events[dup["key"]]].count("delivered") == 2
+    order = result.examples["order"][0]
+    assert order["before_seq"] == order["group_seq"] - 1
+    assert order["settled_ts_ns"] < order["before_settled_ts_ns"]
+    assert all(len(r["targets"]) == 2 and r["epoch"] == 1 for r in result.examples["routing"])
+
+
+def test_a_clean_history_is_clean_with_statistics(spark: Any, tmp_path: Path) -> None:
+    generate(tmp_path, messages=6000, groups=60, releases=5, failover=True)
+    result = job.run(spark, tmp_path)
+    assert result.counts == NONE and result.clean
+    assert pure.check(tmp_path) == NONE
+    s = result.stats
+    assert s["events"]["client_sent"] == 6000 and s["events"]["released"] == 5
+    assert [n["node"] for n in s["per_node"]] == ["n1", "n2", "n3"]
+    assert sum(n["messages"] for n in s["per_node"]) == 6000
+    assert len(s["per_consumer"]) == 6
+    assert s["group_sizes"]["groups"] == 60 and s["group_sizes"]["max"] == 100
+    assert s["skew"]["messages_per_consumer"] >= 1.0
+    # 60 first decisions in epoch 1, and one per group n3 held when it failed (epoch 2).
+    assert s["decision_latency_ms"]["count"] == 60 + 20
+    gaps = {g["what"]: g for g in s["failovers"]}
+    assert set(gaps) == {"node n3 stopped", "epoch 2 began"}  # n1, n2 ran to the end
+    assert gaps["node n3 stopped"]["gap_ms"] >= 2000  # the synthetic pause
+    assert gaps["epoch 2 began"]["gap_ms"] >= 2000
+    assert set(s["timeline"]["series"]) == {"n1", "n2", "n3"}
+
+
+def test_client_events_alone_are_enough(spark: Any, tmp_path: Path) -> None:
+    generate(tmp_path, messages=2000, groups=20, inject=Inject(lost=2, order=1))
+    for path in tmp_path.glob("n*.jsonl"):
+        path.unlink()  # the nodes did not audit
+    result = job.run(spark, tmp_path, with_stats=False)
+    assert result.counts == {**NONE, "lost": 2, "order": 1}
+    assert pure.check(tmp_path) == result.counts
+    assert "no routed events: routing consistency not checked" in result.notes
+
+
+def _line(**event: Any) -> str:
+    return json.dumps({k: v for k, v in event.items() if v is not None}) + "\n"
+
+
+def _write(path: Path, *events: dict[str, Any]) -> None:
+    path.write_text("".join(_line(n=i + 1, **e) for i, e in enumerate(events)))
+
+
+def test_redelivery_after_a_crash_is_neither_a_duplicate_nor_shared(
+    spark: Any, tmp_path: Path
+) -> None:
+    base = {"node": "n1", "queue": "q", "address": "q", "group": "g", "mid": "p/1"}
+    first = {**base, "group_seq": 1}
+    # Run 1 delivers p/1 to c1 and dies with it unacked; run 2 delivers it to c2, who acks.
+    _write(
+        tmp_path / "n1-100-0.jsonl",
+        {"ts_ns": 1000, "kind": "sent", **first},
+        {"ts_ns": 1100, "kind": "delivered", "consumer": "c1", "delivery_count": 1, **first},
+    )
+    _write(
+        tmp_path / "n1-200-0.jsonl",
+        {"ts_ns": 5000, "kind": "delivered", "consumer": "c2", "delivery_count": 1, **first},
+        {"ts_ns": 5100, "kind": "acked", "consumer": "c2", **first},
+    )
+    _write(
+        tmp_path / "client-1-50-0.jsonl",
+        {"ts_ns": 1050, "kind": "client_sent", "node": "h:1", "mid": "p/1", "address": "q"},
+    )
+    result = job.run(spark, tmp_path, with_stats=False)
+    assert result.counts == NONE
+    assert pure.check(tmp_path) == NONE
+    # The same second delivery within one run, with no release, is a duplicate and shared.
+    (tmp_path / "n1-200-0.jsonl").unlink()
+    _write(
+        tmp_path / "n1-100-0.jsonl",
+        {"ts_ns": 1000, "kind": "sent", **first},
+        {"ts_ns": 1100, "kind": "delivered", "consumer": "c1", "delivery_count": 1, **first},
+        {"ts_ns": 5000, "kind": "delivered", "consumer": "c2", "delivery_count": 1, **first},
+        {"ts_ns": 5100, "kind": "acked", "consumer": "c2", **first},
+    )
+    result = job.run(spark, tmp_path, with_stats=False)
+    assert result.counts == {**NONE, "duplicates": 1, "exclusivity": 1}
+    assert pure.check(tmp_path) == result.counts
+
+
+# ---- bad input ------------------------------------------------------------------------------
+
+
+def test_missing_and_empty_directories_are_one_line_errors(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run_check(tmp_path / "nope", spark=spark) == 2
+    assert (
+        capsys.readouterr().err
+        == f"pinmq: error: history directory {tmp_path / 'nope'} does not exist\n"
+    )
+    assert run_check(tmp_path, spark=spark) == 2
+    assert (
+        capsys.readouterr().err == f"pinmq: error: no audit segments (*.jsonl) under {tmp_path}\n"
+    )
+    (tmp_path / "n1-1-0.jsonl").write_text("")
+    assert run_check(tmp_path, spark=spark) == 2
+    assert "are empty" in capsys.readouterr().err
+    (tmp_path / "n1-1-0.jsonl").write_text('garbage\n{"ts_ns": 1}\n[1, 2]\n')
+    assert run_check(tmp_path, spark=spark) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pinmq: error: no valid audit events in 1 segment(s)")
+    assert err.count("\n") == 1 and "Traceback" not in err
+    with pytest.raises(HistoryError, match="is not a directory"):
+        load(spark, tmp_path / "n1-1-0.jsonl")
+
+
+def test_malformed_lines_a_torn_tail_and_unknown_fields_are_reported_not_fatal(
+    spark: Any, tmp_path: Path
+) -> None:
+    generate(tmp_path, messages=1000, groups=10, inject=Inject(duplicates=1))
+    node_file = next(tmp_path.glob("n1-*.jsonl"))
+    lines = node_file.read_text().splitlines(keepends=True)
+    lines.insert(5, "this is not json\n")
+    lines.insert(9, '{"ts_ns": 5, "kind": "sent"}\n')  # no node
+    lines[20] = lines[20].replace('"n":', '"shard":7,"n":')  # a field from a newer writer
+    node_file.write_text("".join(lines) + '{"ts_ns":1700000009000000000,"node":"n1","ki')
+    out = io.StringIO()
+    assert run_check(tmp_path, spark=spark, out=out) == 1  # the duplicate is still found
+    text = out.getvalue()
+    assert "warning: 2 malformed line(s) skipped, e.g. " in text
+    assert "this is not json" in text
+    assert "warning: 1 torn last line(s) skipped" in text
+    assert "warning: unknown field(s) ignored: shard (1)" in text
+    assert "FAIL duplicate deliveries: 1" in text and "verdict: VIOLATIONS (1)" in text
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["input"]["malformed_lines"] == 2 and summary["input"]["torn_last_lines"] == 1
+    assert summary["input"]["unknown_fields"] == {"shard": 1}
+    assert summary["violations"] == {**NONE, "duplicates": 1}
+
+
+def test_the_cli_prints_a_verdict_writes_a_report_and_exits_1_on_violations(
+    tmp_path: Path,
+) -> None:
+    history, report = tmp_path / "h", tmp_path / "report"
+    generate(history, messages=2000, groups=20, failover=True, inject=Inject(exclusivity=2))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "broker.cli",
+            "check",
+            str(history),
+            "--master",
+            "local[1]",
+            "--report",
+            str(report),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "FAIL exclusivity violations: 2" in proc.stdout
+    assert "verdict: VIOLATIONS (2)" in proc.stdout
+    assert "Traceback" not in proc.stderr
+    summary = json.loads((report / "summary.json").read_text())
+    assert summary["verdict"] == "violations" and summary["violations"]["exclusivity"] == 2
+    page = (report / "report.html").read_text()
+    for title in (
+        "Groups per consumer",
+        "Messages per node over time",
+        "Decision latency histogram",
+        "Exclusivity violations (a second consumer holding a group",
+        "<details><summary><code>queue=orders",
+    ):
+        assert title in page
+    assert page.count("<svg") >= 4 and "<script" not in page and "http" not in page
+
+
+def test_the_report_of_a_clean_history(spark: Any, tmp_path: Path) -> None:
+    history, report = tmp_path / "h", tmp_path / "r"
+    generate(history, messages=1500, groups=15)
+    out = io.StringIO()
+    assert run_check(history, spark=spark, report=report, out=out) == 0
+    assert "verdict: CLEAN" in out.getvalue()
+    assert "CLEAN: no loss" in (report / "report.html").read_text()
+    assert json.loads((report / "summary.json").read_text())["verdict"] == "clean"
+
+
+# ---- a real three-node cluster ----------------------------------------------------------------
+
+
+@pytest.fixture
+def audited_cluster(tmp_path: Path) -> Iterator[tuple[ClusterNodes, Path]]:
+    history = tmp_path / "history"
+    (tmp_path / "nodes").mkdir()
+    audit = {"audit": {"enabled": True, "flush-ms": 20}}
+    nodes = ClusterNodes(
+        tmp_path / "nodes",
+        {n: {**spec, **audit} for n, spec in grouping(["n1", "n2", "n3"]).items()},
+    )
+    try:
+        nodes.start()
+        yield nodes, history
+    finally:
+        nodes.kill_all()
+
+
+async def test_a_real_three_node_cluster_history_is_clean(
+    spark: Any, audited_cluster: tuple[ClusterNodes, Path], tmp_path: Path
+) -> None:
+    nodes, history = audited_cluster
+    queue = unique("orders")
+    clients_dir = history / "clients"
+    for node_id in ("n1", "n2", "n3"):
+        async with Client(nodes.url(node_id)) as c:
+            await c.create_queue(queue)
+    consumers = []
+    received: dict[str, int] = {}
+    clients = [Client(nodes.url(n), audit=clients_dir) for n in ("n1", "n2", "n3")]
+    for c in clients:
+        await c.connect()
+
+    async def consume(c: Client, name: str) -> None:
+        async with c.consumer(queue, name=name, prefetch=20) as consumer:
+            consumers.append(consumer)
+            while (m := await consumer.receive(timeout=5.0)) is not None:
+                received[name] = received.get(name, 0) + 1
+                await m.ack()
+
+    tasks = [asyncio.create_task(consume(c, f"worker-{i}")) for i, c in enumerate(clients)]
+    await asyncio.to_thread(nodes.wait_consumers, queue, {"n1": 1, "n2": 1, "n3": 1})
+    groups, per_group = 12, 25
+    for g in range(groups):  # each group's messages enter through every node in turn
+        async with Client(nodes.url(f"n{g % 3 + 1}"), audit=clients_dir) as producer_client:
+            producer = producer_client.producer(queue, group_id=f"g{g}")
+            await producer.send_many([f"g{g}-{i}" for i in range(per_group)], batch_size=10)
+    await asyncio.gather(*tasks)
+    for c in clients:
+        await c.close()
+    assert sum(received.values()) == groups * per_group
+    for node_id in ("n1", "n2", "n3"):
+        nodes.stop(node_id)  # clean stop: every node writes its tail
+    audit_dirs = sorted(p for p in (tmp_path / "nodes").glob("*/data/audit"))
+    assert len(audit_dirs) == 3
+    for d in audit_dirs:
+        shutil.copytree(d, history / d.parent.parent.name)
+    result = job.run(spark, history)
+    assert result.counts == NONE, result.examples
+    assert result.history.malformed == 0 and result.history.torn == 0
+    kinds = result.stats["events"]
+    assert kinds["client_sent"] == groups * per_group
+    assert kinds["client_acked"] == groups * per_group
+    assert kinds["acked"] >= groups * per_group
+    assert {n["node"] for n in result.stats["per_node"]} <= {"n1", "n2", "n3"}
+    assert pure.check(history) == NONE
