@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -100,3 +101,46 @@ def fsync_dir(directory: Path) -> None:
             os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def open_writer(
+    path: Path,
+    *,
+    fresh: bool,
+    schema: Sequence[str],
+    application_id: int,
+    schema_version: int,
+    pragmas: Sequence[str],
+    error: type[Exception],
+) -> sqlite3.Connection:
+    """The one writing connection of a file: WAL, synchronous=FULL, schema in place.
+
+    `pragmas` run before the schema (auto_vacuum only takes before the first table).
+    """
+    try:
+        conn = sqlite3.connect(path, isolation_level=None)
+    except sqlite3.Error as exc:
+        raise error(f"{path}: cannot open: {exc}") from exc
+    try:
+        conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise error(f"{path}: cannot switch to WAL mode (got {mode!r})")
+        conn.execute("PRAGMA synchronous = FULL")
+        for pragma in pragmas:
+            conn.execute(f"PRAGMA {pragma}")
+        conn.execute("BEGIN IMMEDIATE")
+        for statement in schema:
+            conn.execute(statement)
+        conn.execute(f"PRAGMA application_id = {application_id}")
+        conn.execute(f"PRAGMA user_version = {schema_version}")
+        conn.execute("COMMIT")
+    except error:
+        conn.close()
+        raise
+    except sqlite3.Error as exc:
+        conn.close()
+        raise error(f"{path}: cannot initialise: {exc}") from exc
+    if fresh:
+        fsync_dir(path.parent)
+    return conn

@@ -256,38 +256,25 @@ class Store:
 
     def _connect(self, fresh: bool) -> sqlite3.Connection:
         """The writer connection, configured and with the schema in place (writer thread)."""
-        try:
-            conn = sqlite3.connect(self.path, isolation_level=None)
-        except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: cannot open: {exc}") from exc
-        try:
-            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            conn.execute("PRAGMA auto_vacuum = INCREMENTAL")  # only takes before the 1st table
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
-                raise StoreError(f"{self.path}: cannot switch to WAL mode (got {mode!r})")
-            conn.execute("PRAGMA synchronous = FULL")
-            conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
-            conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
-            if self._max_bytes is not None:
-                page_size = conn.execute("PRAGMA page_size").fetchone()[0]
-                conn.execute(f"PRAGMA max_page_count = {max(1, self._max_bytes // page_size)}")
-            conn.execute("BEGIN IMMEDIATE")
-            for statement in _SCHEMA:
-                conn.execute(statement)
-            conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            conn.execute("COMMIT")
-            row = conn.execute("SELECT value FROM meta WHERE key = 'max_msg_id'").fetchone()
-            self._max_id = int(row[0])
-        except StoreError:
-            conn.close()
-            raise
-        except sqlite3.Error as exc:
-            conn.close()
-            raise StoreError(f"{self.path}: cannot initialise the store: {exc}") from exc
-        if fresh:
-            sqlite_file.fsync_dir(self.path.parent)
+        pragmas = [
+            f"busy_timeout = {BUSY_TIMEOUT_MS}",
+            f"journal_size_limit = {JOURNAL_SIZE_LIMIT}",
+            f"cache_size = -{CACHE_KIB}",
+        ]
+        if self._max_bytes is not None:
+            # SQLite's default page size (4 KiB) is used: set before the first table exists
+            pragmas.append(f"max_page_count = {max(1, self._max_bytes // 4096)}")
+        conn = sqlite_file.open_writer(
+            self.path,
+            fresh=fresh,
+            schema=_SCHEMA,
+            application_id=APPLICATION_ID,
+            schema_version=SCHEMA_VERSION,
+            pragmas=pragmas,
+            error=StoreError,
+        )
+        row = conn.execute("SELECT value FROM meta WHERE key = 'max_msg_id'").fetchone()
+        self._max_id = int(row[0])
         return conn
 
     # ------------------------------------------------------------------ start-up reads

@@ -222,32 +222,18 @@ class BindingStore:
         self.commits += 1
 
     def _connect(self, fresh: bool) -> sqlite3.Connection:
-        try:
-            conn = sqlite3.connect(self.path, isolation_level=None)
-        except sqlite3.Error as exc:
-            raise BindingStoreError(f"{self.path}: cannot open: {exc}") from exc
-        try:
-            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            conn.execute("PRAGMA auto_vacuum = INCREMENTAL")  # only takes before the 1st table
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
-                raise BindingStoreError(f"{self.path}: cannot switch to WAL mode (got {mode!r})")
-            conn.execute("PRAGMA synchronous = FULL")
-            conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute(_SCHEMA)
-            conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            conn.execute("COMMIT")
-        except BindingStoreError:
-            conn.close()
-            raise
-        except sqlite3.Error as exc:
-            conn.close()
-            raise BindingStoreError(f"{self.path}: cannot initialise: {exc}") from exc
-        if fresh:
-            sqlite_file.fsync_dir(self.path.parent)
-        return conn
+        return sqlite_file.open_writer(
+            self.path,
+            fresh=fresh,
+            schema=[_SCHEMA],
+            application_id=APPLICATION_ID,
+            schema_version=SCHEMA_VERSION,
+            pragmas=[
+                f"busy_timeout = {BUSY_TIMEOUT_MS}",
+                f"journal_size_limit = {JOURNAL_SIZE_LIMIT}",
+            ],
+            error=BindingStoreError,
+        )
 
 
 def _retrieve(future: asyncio.Future[None]) -> None:
