@@ -17,10 +17,12 @@ Part 2, cached grouped routing versus ungrouped on the same node (target < 10 % 
 ON_DEMAND); the script first checks that grouped messages sent through node1 and node2 reach
 a consumer on node3 (else it stops with a clear message). Then, through node2 only (one
 producer process, 3 consumers on node2 in one process, none elsewhere), one message per group
-binds G groups to node2; then M grouped messages over those bound groups and M ungrouped
-messages of the same size alternate, persistent and non-persistent, R rounds each; printed:
-the best end-to-end and send msg/s and the least node CPU per message of each, and ratios.
-The same comparison on a standalone node separates the core's own cost of groups from the
+binds G groups to node2; then M grouped messages over those bound groups, M ungrouped
+messages with the same body and two headers of the same size as JMSXGroupID / JMSXGroupSeq
+(the target's baseline: it isolates routing), and M bare ungrouped messages (no headers: what
+carrying two headers costs) rotate, persistent and non-persistent, R rounds each; printed: the
+best end-to-end and send msg/s and the least node CPU per message of each, and ratios. The
+same comparison on a standalone node separates the core's own cost of groups from the
 cluster's. Every run verifies exactly-once and per-group order.
 
 Every process the script starts is stopped on exit, error, Ctrl-C or SIGTERM; every wait is
@@ -477,21 +479,22 @@ async def part1(args: argparse.Namespace, work: Path) -> None:
 # ---- part 2 -------------------------------------------------------------------------------------
 
 
+KINDS = ("grouped", "ungrouped", "bare")  # bare: ungrouped without headers
+
+
 @dataclass(slots=True)
 class Compared:
-    """Best-of-R outcomes per (persistent, grouped)."""
+    """Best-of-R outcomes per (persistent, kind)."""
 
-    runs: dict[tuple[bool, bool], list[Outcome]]
+    runs: dict[tuple[bool, str], list[Outcome]]
     node_id: str
 
-    def best(self, persistent: bool, grouped: bool) -> Outcome:
-        return max(self.runs[(persistent, grouped)], key=lambda o: o.e2e_rate)
+    def best(self, persistent: bool, kind: str) -> Outcome:
+        return max(self.runs[(persistent, kind)], key=lambda o: o.e2e_rate)
 
-    def cpu_per_msg(self, persistent: bool, grouped: bool) -> float:
+    def cpu_per_msg(self, persistent: bool, kind: str) -> float:
         """Lowest CPU of the sending node per message over the runs (us)."""
-        return (
-            min(o.node_cpu[self.node_id] / o.total for o in self.runs[(persistent, grouped)]) * 1e6
-        )
+        return min(o.node_cpu[self.node_id] / o.total for o in self.runs[(persistent, kind)]) * 1e6
 
 
 async def compare(
@@ -502,23 +505,24 @@ async def compare(
     args: argparse.Namespace,
     label: str,
 ) -> Compared:
-    """M grouped vs M ungrouped messages through `via`, consumers on `via` only, alternating."""
+    """M messages of each kind through `via`, consumers on `via` only, the order rotating."""
     m = args.messages or (4_000 if args.quick else 20_000)
     repeat = args.repeat or (1 if args.quick else 5)
     hosts = [Host(via, [f"c{i + 1}" for i in range(3)])]
     settle = SETTLE_S if len(nodes) > 1 else 0.0
-    runs: dict[tuple[bool, bool], list[Outcome]] = {}
+    runs: dict[tuple[bool, str], list[Outcome]] = {}
     for persistent in (True, False):
         for r in range(repeat):
-            order = (True, False) if r % 2 == 0 else (False, True)
-            for grouped in order:
-                plan = Plan(via.url, via.node_id, 0, m, groups if grouped else ())
+            for kind in KINDS[r % 3 :] + KINDS[: r % 3]:
+                grouped = kind == "grouped"
+                plan = Plan(
+                    via.url, via.node_id, 0, m, groups if grouped else (), pad=kind == "ungrouped"
+                )
                 o = await run_load(nodes, queue, [plan], hosts, persistent, args, settle)
                 if not o.ok:
                     bad = {k: why for k, (ok, why) in o.checks.items() if not ok}
                     raise RuntimeError(f"{label}: a run failed its checks: {bad}")
-                runs.setdefault((persistent, grouped), []).append(o)
-                kind = "grouped" if grouped else "ungrouped"
+                runs.setdefault((persistent, kind), []).append(o)
                 mode = "persistent" if persistent else "non-persistent"
                 print(
                     f"  {label}, {mode}, {kind:<9} round {r + 1}/{repeat}: "
@@ -545,26 +549,31 @@ async def bound_to(node: NodeProc, queue: str, groups: Sequence[str]) -> str:
 
 
 def _report(c: Compared, title: str) -> tuple[float, float]:
-    """Print the table; the worst mode's cost by end-to-end msg/s and by node CPU per message."""
+    """Print the table; the worst mode's cost by end-to-end msg/s and by node CPU per message.
+
+    The cost is grouped against ungrouped messages with the same headers; bare messages (no
+    headers) show apart what carrying the two headers costs.
+    """
     print(f"\n== {title} ==")
     print(f"  {'mode':<16}{'kind':<11}{'e2e msg/s':>10}{'send msg/s':>11}{'CPU us/msg':>11}")
     costs, cpu_costs = [], []
     for persistent in (True, False):
         mode = "persistent" if persistent else "non-persistent"
-        for grouped in (True, False):
-            o = c.best(persistent, grouped)
+        for kind in KINDS:
+            o = c.best(persistent, kind)
             print(
-                f"  {mode:<16}{'grouped' if grouped else 'ungrouped':<11}{o.e2e_rate:>10,.0f}"
-                f"{o.send_rate:>11,.0f}{c.cpu_per_msg(persistent, grouped):>11.0f}"
+                f"  {mode:<16}{kind:<11}{o.e2e_rate:>10,.0f}"
+                f"{o.send_rate:>11,.0f}{c.cpu_per_msg(persistent, kind):>11.0f}"
             )
-        g, u = c.best(persistent, True), c.best(persistent, False)
+        g, u, b = (c.best(persistent, kind) for kind in KINDS)
         ratio = g.e2e_rate / u.e2e_rate
-        cpu = c.cpu_per_msg(persistent, True) / c.cpu_per_msg(persistent, False)
+        cpu = c.cpu_per_msg(persistent, "grouped") / c.cpu_per_msg(persistent, "ungrouped")
         costs.append(1 - ratio)
         cpu_costs.append(cpu - 1)
         print(
             f"  {mode}: grouped / ungrouped end-to-end {ratio:.2f} (cost {1 - ratio:+.1%}), "
-            f"send {g.send_rate / u.send_rate:.2f}, {c.node_id} CPU per message {cpu:.2f}x"
+            f"send {g.send_rate / u.send_rate:.2f}, {c.node_id} CPU per message {cpu:.2f}x; "
+            f"ungrouped / bare (two headers) end-to-end {u.e2e_rate / b.e2e_rate:.2f}"
         )
     return max(costs), max(cpu_costs)
 
@@ -613,9 +622,14 @@ async def part2(args: argparse.Namespace, work: Path) -> None:
     print("\nratios (same run):")
     for persistent in (True, False):
         mode = "persistent" if persistent else "non-persistent"
-        rc = clustered.best(persistent, True).e2e_rate / clustered.best(persistent, False).e2e_rate
-        rs = single.best(persistent, True).e2e_rate / single.best(persistent, False).e2e_rate
-        ug = clustered.best(persistent, False).e2e_rate / single.best(persistent, False).e2e_rate
+        rc, rs = (
+            c.best(persistent, "grouped").e2e_rate / c.best(persistent, "ungrouped").e2e_rate
+            for c in (clustered, single)
+        )
+        ug = (
+            clustered.best(persistent, "ungrouped").e2e_rate
+            / single.best(persistent, "ungrouped").e2e_rate
+        )
         print(
             f"  {mode}: grouped/ungrouped cluster {rc:.2f} vs standalone {rs:.2f} (the cluster's "
             f"own share {rc / rs:.2f}); ungrouped cluster node / standalone node {ug:.2f}"

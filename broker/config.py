@@ -181,9 +181,23 @@ class ClusterSection(Strict):
     name: str = Field(default="pinmq", pattern=r"^[A-Za-z0-9_.-]+$")
     address: str = ""  # clustered address prefix; "" = every address
     load_balancing: Literal["OFF", "STRICT", "ON_DEMAND"] = "ON_DEMAND"
-    max_hops: int = Field(default=1, ge=0)
+    # Connectors form a full mesh, so every peer is one hop away and a forwarded message is
+    # never forwarded again: any value from 1 up routes the same way.
+    max_hops: int = 1
     connectors: list[HostPort] = Field(default_factory=list)
     reconnect_interval: int = Field(default=500, gt=0)
+
+    @field_validator("max_hops")
+    @classmethod
+    def _forwarding_allowed(cls, value: int) -> int:
+        # Artemis reads 0 as "forward nothing"; a group bound to a peer's queue could then not
+        # be served at all, so refuse it instead of silently breaking grouped routing.
+        if value < 1:
+            raise ValueError(
+                "must be at least 1: a node must forward the groups bound to its peers' queues "
+                "(use load-balancing: OFF to keep ungrouped messages local)"
+            )
+        return value
 
     def covers(self, address: str) -> bool:
         return address.startswith(self.address)

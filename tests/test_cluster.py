@@ -470,6 +470,73 @@ async def test_groups_of_a_node_that_never_comes_back_are_bound_again_after_time
             await client.close()
 
 
+async def test_a_restarted_local_node_drops_bindings_to_a_queue_that_never_returns(
+    tmp_path: Path, own: list[ClusterNodes]
+) -> None:
+    # The timeout is long enough for the restart and the traffic below to fit inside it, so the
+    # test sees the stale bindings still held while unrelated traffic already flows.
+    nodes = ClusterNodes(tmp_path, grouping(NODES, timeout=15000))
+    own.append(nodes.start())
+    queue = unique("lrestart")
+    await create_everywhere(nodes, queue)
+    groups = [f"{queue}-g{i}" for i in range(4)]
+    first, second, clients = Collector(), Collector(), []
+    try:
+        await consumers_on(nodes, queue, ["n2", "n3"], first, clients)
+        async with nodes.client("n1") as client:
+            for group in groups:
+                await client.producer(queue, group_id=group).send("before")
+        await first.wait(len(groups))
+        owner = in_order(first, {g: ["before"] for g in groups})
+        gone = sorted(g for g, n in owner.items() if n == "n3")
+        kept = sorted(g for g, n in owner.items() if n == "n2")
+        assert gone and kept, owner
+        await first.close()
+        for client in clients:
+            await client.close()
+        clients.clear()
+        for node_id in NODES:
+            nodes.stop(node_id)
+        nodes.start("n1", "n2")  # n3 never comes back
+
+        # While the LOCAL node waits for n3's queue, clients connect and other groups flow.
+        await consumers_on(nodes, queue, ["n1", "n2"], second, clients)
+        fresh = f"{queue}-fresh"
+        async with nodes.client("n1") as client:
+            for group in [*kept, fresh]:
+                await client.producer(queue, group_id=group).send("during")
+            await second.wait(len(kept) + 1)
+            listing = await client.cluster_groups(queue)
+        during = in_order(second, {g: ["during"] for g in [*kept, fresh]})
+        assert all(during[g] == "n2" for g in kept), during
+        held = {g.group: g.node for g in listing.groups if g.bound}
+        assert all(held.get(g) == "n3" for g in gone), f"stale bindings dropped too early: {held}"
+
+        async def dropped() -> bool:
+            async with nodes.client("n2") as client:
+                listing = await client.cluster_groups(queue)
+            bound = {g.group for g in listing.groups if g.bound}
+            return not bound.intersection(gone)
+
+        await until(dropped, "the bindings to n3's queue to be dropped")
+        async with nodes.client("n2") as client:
+            for group in gone:
+                await client.producer(queue, group_id=group).send_batch(["after0", "after1"])
+            await second.wait(len(kept) + 1 + 2 * len(gone))
+            listing = await client.cluster_groups(queue)
+        moved = in_order(
+            second,
+            {**{g: ["during"] for g in [*kept, fresh]}, **{g: ["after0", "after1"] for g in gone}},
+        )
+        rebound = {g.group: g.node for g in listing.groups if g.bound}
+        assert all(moved[g] == rebound[g] and rebound[g] in ("n1", "n2") for g in gone), rebound
+    finally:
+        await first.close()
+        await second.close()
+        for client in clients:
+            await client.close()
+
+
 async def test_group_timeout_frees_idle_groups_and_they_are_proposed_again(
     tmp_path: Path, own: list[ClusterNodes]
 ) -> None:

@@ -304,3 +304,12 @@ def test_grouping_handler_needs_a_valid_type_and_timeout() -> None:
     text = str(err.value)
     assert "g.yaml: grouping-handler.type: got 'LOCL'" in text
     assert "grouping-handler.timeout" in text
+
+
+def test_max_hops_zero_is_refused_with_the_reason() -> None:
+    assert parse_config("node: {id: n1}\ncluster: {max-hops: 3}", "h.yaml").cluster.max_hops == 3
+    with pytest.raises(ConfigError) as err:
+        parse_config("node: {id: n1}\ncluster: {max-hops: 0}", "h.yaml")
+    text = str(err.value)
+    assert "h.yaml: cluster.max-hops: got 0" in text
+    assert "must forward the groups bound to its peers' queues" in text
