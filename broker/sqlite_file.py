@@ -6,13 +6,18 @@ foreign file is refused with a message naming it and is left exactly as it was.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
+
+# What a writer thread hands back for one request: the waiter's loop and future, and its error.
+Outcome = tuple[asyncio.AbstractEventLoop | None, asyncio.Future[None] | None, BaseException | None]
+Settled = list[tuple[asyncio.Future[None], BaseException | None]]
 
 
 def wal_path(path: Path) -> Path:
@@ -144,3 +149,44 @@ def open_writer(
     if fresh:
         fsync_dir(path.parent)
     return conn
+
+
+# ---- handing results back from a writer thread ------------------------------------------------
+
+
+def hand_back(outcomes: Iterable[Outcome]) -> None:
+    """Resolve waiters in order, with one wake-up of a loop per run of requests from it.
+
+    Called from a writer thread: every `call_soon_threadsafe` writes to the loop's self-pipe,
+    so one per batch instead of one per request saves a syscall and a loop turn each.
+    """
+    items: Settled = []
+    loop: asyncio.AbstractEventLoop | None = None
+    for owner, future, error in outcomes:
+        if future is None:
+            continue
+        if owner is not loop and items:
+            _call_soon(loop, items)
+            items = []
+        loop = owner
+        items.append((future, error))
+    if items:
+        _call_soon(loop, items)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop | None, items: Settled) -> None:
+    if loop is None:
+        return
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
+        loop.call_soon_threadsafe(_settle, items)
+
+
+def _settle(items: Settled) -> None:
+    """On the loop: resolve in call order; a cancelled waiter is simply skipped."""
+    for future, error in items:
+        if future.done():
+            continue
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)

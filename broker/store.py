@@ -185,17 +185,6 @@ def _rows(messages: Sequence[Message]) -> list[Row]:
     return rows
 
 
-def _settle(items: list[tuple[asyncio.Future[None], BaseException | None]]) -> None:
-    """Resolve futures in call order on their loop; a cancelled waiter is simply skipped."""
-    for future, error in items:
-        if future.done():
-            continue
-        if error is None:
-            future.set_result(None)
-        else:
-            future.set_exception(error)
-
-
 class Store:
     """Persistent messages and queue definitions of one node, in one SQLite file.
 
@@ -519,18 +508,7 @@ class Store:
         self.commits += 1
 
     def _resolve(self, batch: list[_Request], errors: list[BaseException | None]) -> None:
-        """Hand results back with one callback per run of requests from the same loop."""
-        items: list[tuple[asyncio.Future[None], BaseException | None]] = []
-        loop: asyncio.AbstractEventLoop | None = None
-        for request, error in zip(batch, errors, strict=True):
-            if request.loop is not loop and items:
-                _call_soon(loop, items)
-                items = []
-            loop = request.loop
-            assert request.future is not None
-            items.append((request.future, error))
-        if items:
-            _call_soon(loop, items)
+        sqlite_file.hand_back((r.loop, r.future, e) for r, e in zip(batch, errors, strict=True))
 
     def _compact(self, conn: sqlite3.Connection, step: int | None) -> None:
         """Give free pages back to the OS while idle, then truncate the WAL.
@@ -600,13 +578,3 @@ def _apply(conn: sqlite3.Connection, net: dict[Key, Row | int | None]) -> int:
     if upds:
         conn.executemany(_UPDATE, upds)
     return deleted
-
-
-def _call_soon(
-    loop: asyncio.AbstractEventLoop | None,
-    items: list[tuple[asyncio.Future[None], BaseException | None]],
-) -> None:
-    if loop is None:
-        return
-    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
-        loop.call_soon_threadsafe(_settle, items)

@@ -243,17 +243,4 @@ def _retrieve(future: asyncio.Future[None]) -> None:
 
 
 def _resolve(batch: list[_Request], error: BaseException | None) -> None:
-    for request in batch:
-        if request.loop is None or request.future is None:
-            continue
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
-            request.loop.call_soon_threadsafe(_settle, request.future, error)
-
-
-def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is None:
-        future.set_result(None)
-    else:
-        future.set_exception(error)
+    sqlite_file.hand_back((r.loop, r.future, error) for r in batch)
