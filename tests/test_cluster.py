@@ -393,6 +393,32 @@ async def test_messages_for_a_stopped_pinned_node_wait_and_arrive_in_order_after
             await client.close()
 
 
+async def bind_then_stop_all(
+    nodes: ClusterNodes, queue: str, groups: list[str], consumer_nodes, via: str
+) -> tuple[dict[str, str], dict[str, str]]:
+    """Bind `groups` with one message each sent through `via`, then stop every node.
+
+    Returns the consumer's node of each group (checked whole and in order) and the bindings
+    the cluster listed before the stop.
+    """
+    collector, clients = Collector(), []
+    try:
+        await consumers_on(nodes, queue, consumer_nodes, collector, clients)
+        async with nodes.client(via) as client:
+            for group in groups:
+                await client.producer(queue, group_id=group).send("before")
+            bound = {g.group: g.node for g in (await client.cluster_groups(queue)).groups}
+        await collector.wait(len(groups))
+        owner = in_order(collector, {g: ["before"] for g in groups})
+    finally:
+        await collector.close()
+        for client in clients:
+            await client.close()
+    for node_id in NODES:
+        nodes.stop(node_id)
+    return owner, bound
+
+
 async def test_the_whole_cluster_restarts_and_its_bindings_hold(
     tmp_path: Path, own: list[ClusterNodes]
 ) -> None:
@@ -401,23 +427,11 @@ async def test_the_whole_cluster_restarts_and_its_bindings_hold(
     queue = unique("restart")
     await create_everywhere(nodes, queue)
     groups = [f"{queue}-g{i}" for i in range(6)]
-    first, second, clients = Collector(), Collector(), []
+    owner, bound = await bind_then_stop_all(nodes, queue, groups, NODES, "n2")
+    assert owner == bound and len(set(owner.values())) == 3
+    nodes.start()
+    second, clients = Collector(), []
     try:
-        await consumers_on(nodes, queue, NODES, first, clients)
-        async with nodes.client("n2") as client:
-            for group in groups:
-                await client.producer(queue, group_id=group).send("before")
-            bound = {g.group: g.node for g in (await client.cluster_groups(queue)).groups}
-        await first.wait(len(groups))
-        owner = in_order(first, {g: ["before"] for g in groups})
-        assert owner == bound and len(set(owner.values())) == 3
-        await first.close()
-        for client in clients:
-            await client.close()
-        clients.clear()
-        for node_id in NODES:
-            nodes.stop(node_id)
-        nodes.start()
         await consumers_on(nodes, queue, NODES, second, clients)
         async with nodes.client("n3") as client:  # a REMOTE node with an empty cache
             for group in groups:
@@ -427,7 +441,6 @@ async def test_the_whole_cluster_restarts_and_its_bindings_hold(
         assert in_order(second, {g: ["after"] for g in groups}) == owner
         assert {g.group: g.node for g in listing.groups if g.bound} == bound
     finally:
-        await first.close()
         await second.close()
         for client in clients:
             await client.close()
@@ -480,25 +493,13 @@ async def test_a_restarted_local_node_drops_bindings_to_a_queue_that_never_retur
     queue = unique("lrestart")
     await create_everywhere(nodes, queue)
     groups = [f"{queue}-g{i}" for i in range(4)]
-    first, second, clients = Collector(), Collector(), []
+    owner, _ = await bind_then_stop_all(nodes, queue, groups, ["n2", "n3"], "n1")
+    gone = sorted(g for g, n in owner.items() if n == "n3")
+    kept = sorted(g for g, n in owner.items() if n == "n2")
+    assert gone and kept, owner
+    nodes.start("n1", "n2")  # n3 never comes back
+    second, clients = Collector(), []
     try:
-        await consumers_on(nodes, queue, ["n2", "n3"], first, clients)
-        async with nodes.client("n1") as client:
-            for group in groups:
-                await client.producer(queue, group_id=group).send("before")
-        await first.wait(len(groups))
-        owner = in_order(first, {g: ["before"] for g in groups})
-        gone = sorted(g for g, n in owner.items() if n == "n3")
-        kept = sorted(g for g, n in owner.items() if n == "n2")
-        assert gone and kept, owner
-        await first.close()
-        for client in clients:
-            await client.close()
-        clients.clear()
-        for node_id in NODES:
-            nodes.stop(node_id)
-        nodes.start("n1", "n2")  # n3 never comes back
-
         # While the LOCAL node waits for n3's queue, clients connect and other groups flow.
         await consumers_on(nodes, queue, ["n1", "n2"], second, clients)
         fresh = f"{queue}-fresh"
@@ -531,7 +532,6 @@ async def test_a_restarted_local_node_drops_bindings_to_a_queue_that_never_retur
         rebound = {g.group: g.node for g in listing.groups if g.bound}
         assert all(moved[g] == rebound[g] and rebound[g] in ("n1", "n2") for g in gone), rebound
     finally:
-        await first.close()
         await second.close()
         for client in clients:
             await client.close()
