@@ -50,6 +50,7 @@ SUBSCRIBED = ("pinmq-subscribed", "1")  # initial metadata of a Removals stream 
 HEARTBEAT_S = 5.0  # an idle Removals stream sends an empty Removal this often
 MAX_REMOVAL_BACKLOG = 100_000  # a subscriber further behind is cut off (it resubscribes)
 _MS = 1_000_000
+_EMPTY_FIELDS = "group, queue and node must not be empty"
 
 REASON_TO_PB = {
     RemovalReason.REAPED: pb.REASON_REAPED,
@@ -106,6 +107,7 @@ class LocalHandler(GroupingHandler):
         self._reaper: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
         self._reported: set[tuple[str, str]] = set()  # instances of the last snapshot
+        self.servicer: GroupingServicer | None = None  # once hosted (add_to_server)
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -138,7 +140,8 @@ class LocalHandler(GroupingHandler):
             self._store = None
 
     def add_to_server(self, server: aio.Server) -> None:
-        pb_grpc.add_GroupingHandlerServicer_to_server(GroupingServicer(self), server)
+        self.servicer = GroupingServicer(self)
+        pb_grpc.add_GroupingHandlerServicer_to_server(self.servicer, server)
 
     # ---- decisions ----------------------------------------------------------------------
 
@@ -307,21 +310,70 @@ class GroupingServicer(pb_grpc.GroupingHandlerServicer):
 
     def __init__(self, handler: LocalHandler) -> None:
         self.handler = handler
+        self.proposals = 0  # proposals received, by Propose and ProposeStream
+        self.batches = 0  # ProposeStream batches received
 
     async def Propose(
         self, request: pb.ProposeRequest, context: aio.ServicerContext
     ) -> pb.BindingReply:
+        self.proposals += 1
+        decision = await self._decision(request)
+        if decision.error:
+            invalid = decision.error == _EMPTY_FIELDS
+            code = grpc.StatusCode.INVALID_ARGUMENT if invalid else grpc.StatusCode.UNAVAILABLE
+            await context.abort(code, decision.error)
+        return decision.binding
+
+    async def ProposeStream(
+        self, request_iterator: AsyncIterator[pb.ProposeBatch], context: aio.ServicerContext
+    ) -> AsyncIterator[pb.DecisionBatch]:
+        """Every proposal is decided at once; answers leave in batches as they become durable."""
+        done: list[pb.Decision] = []
+        ready = asyncio.Event()
+        deciding: set[asyncio.Task[None]] = set()
+        reading = True
+
+        async def answer(request: pb.ProposeRequest) -> None:
+            done.append(await self._decision(request))
+            ready.set()
+
+        async def read() -> None:
+            nonlocal reading
+            try:
+                async for batch in request_iterator:
+                    self.batches += 1
+                    self.proposals += len(batch.proposals)
+                    for request in batch.proposals:
+                        task = asyncio.create_task(answer(request))
+                        deciding.add(task)
+                        task.add_done_callback(deciding.discard)
+            finally:
+                reading = False
+                ready.set()
+
+        reader = asyncio.create_task(read())
+        try:
+            while reading or deciding or done:
+                await ready.wait()
+                ready.clear()
+                if done:
+                    batch, done[:] = list(done), []
+                    yield pb.DecisionBatch(decisions=batch)
+            await reader  # a failed read ends the call with its error
+        finally:
+            for task in (reader, *deciding):
+                task.cancel()
+
+    async def _decision(self, request: pb.ProposeRequest) -> pb.Decision:
         if not (request.group and request.queue and request.node):
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, "group, queue and node must not be empty"
-            )
+            return pb.Decision(id=request.id, error=_EMPTY_FIELDS)
         try:
             binding, accepted = await self.handler.propose(
                 request.group, request.queue, request.node
             )
         except (BindingStoreError, DecisionTimeout, HandlerUnavailable) as err:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
-        return _reply(binding, accepted)
+            return pb.Decision(id=request.id, error=str(err))
+        return pb.Decision(id=request.id, binding=_reply(binding, accepted))
 
     async def Touch(self, request: pb.TouchRequest, context: aio.ServicerContext) -> pb.TouchReply:
         stale = self.handler.touch_keys(list(request.keys), request.validate_only)

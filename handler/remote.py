@@ -1,10 +1,11 @@
 """The REMOTE grouping handler: a cache of the LOCAL node's decisions, kept honest by a stream.
 
 A hit (`cached`, or `decide` on a known key) costs a dict lookup and, at most once per
-refresh period, an append to a list: no I/O, no await. A miss becomes one `Propose` RPC to the
-LOCAL node, shared by every concurrent miss of the same key and bounded by `timeout` in total
-(locating the LOCAL node and reconnecting included); past it `DecisionTimeout` says which
-group, queue and timeout, and why.
+refresh period, an append to a list: no I/O, no await. A miss becomes one proposal to the
+LOCAL node (on the one `ProposeStream` call this node keeps open, `handler/proposals.py`),
+shared by every concurrent miss of the same key and bounded by `timeout` in total (locating
+the LOCAL node and reconnecting included); past it `DecisionTimeout` says which group, queue
+and timeout, and why.
 
 Bindings in use are reported with batched `Touch` calls by a background task, at most once
 per group-timeout/2 per binding, so the LOCAL reaper sees them used. The removal stream evicts
@@ -37,6 +38,7 @@ from handler.api import (
 )
 from handler.arbiter import Binding, Key
 from handler.local import HEARTBEAT_S, REASON_TO_PB, SUBSCRIBED
+from handler.proposals import ProposalRefused, ProposalStream, StreamEnded
 
 log = structlog.get_logger(__name__)
 
@@ -90,6 +92,8 @@ class RemoteHandler(GroupingHandler):
         self._flights: dict[Key, _Flight] = {}
         self._target: str | None = None
         self._channel: aio.Channel | None = None
+        self._stub_: pb_grpc.GroupingHandlerStub | None = None
+        self._proposals: ProposalStream | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._closing: set[asyncio.Task[None]] = set()  # old channels being closed
         self.subscribed = asyncio.Event()  # the Removals stream is live (for health and tests)
@@ -107,6 +111,9 @@ class RemoteHandler(GroupingHandler):
             task.cancel()
         await asyncio.gather(*tasks, *self._closing, return_exceptions=True)
         self._tasks = []
+        if self._proposals is not None:
+            self._proposals.close()
+            self._proposals = None
         if self._channel is not None:
             await self._channel.close()
             self._channel = self._target = None
@@ -146,27 +153,25 @@ class RemoteHandler(GroupingHandler):
 
     async def _propose(self, key: Key, node: str, flight: _Flight) -> Binding:
         group, queue = key
-        request = pb.ProposeRequest(group=group, queue=queue, node=node)
         why = "no LOCAL grouping handler is known in the cluster"
-        attempt_s = max(1.0, 2 * self._reconnect_s)  # then locate the LOCAL node again
         pause = 0.05
         try:
             async with asyncio.timeout(self.config.timeout / 1000):
                 while True:
-                    stub = self._stub()
-                    if stub is None:
+                    proposals = self._proposal_stream()
+                    if proposals is None:
                         why = "no LOCAL grouping handler is known in the cluster"
                     else:
                         why = ""  # filled in below when this attempt is cut short
                         try:
-                            reply = await stub.Propose(
-                                request, timeout=attempt_s, wait_for_ready=True
-                            )
+                            reply = await proposals.propose(group, queue, node)
                         except aio.AioRpcError as err:
                             why = (
                                 f"the LOCAL grouping handler at {self._target} is unreachable"
                                 f" ({err.code().name}: {err.details()})"
                             )
+                        except (ProposalRefused, StreamEnded) as err:
+                            why = f"the LOCAL grouping handler at {self._target}: {err}"
                         else:
                             binding = Binding(reply.group, reply.queue, reply.node, reply.epoch)
                             if binding in flight.removed:  # removed before the answer came
@@ -224,12 +229,27 @@ class RemoteHandler(GroupingHandler):
 
     # ---- connection ---------------------------------------------------------------------
 
+    def _proposal_stream(self) -> ProposalStream | None:
+        """The open proposal stream to the LOCAL node the topology names now, or None."""
+        stub = self._stub()
+        if stub is None:
+            return None
+        if self._proposals is None or self._proposals.failure is not None:
+            self._proposals = ProposalStream(stub)
+        return self._proposals
+
     def _stub(self) -> pb_grpc.GroupingHandlerStub | None:
-        """A stub on a channel to the LOCAL node the topology names now, or None."""
+        """A stub on a channel to the LOCAL node the topology names now, or None.
+
+        A new target closes the old channel, and with it the proposal stream on it.
+        """
         target = self._locate()
         if target is None:
             return None
         if target != self._target or self._channel is None:
+            if self._proposals is not None:
+                self._proposals.close()
+                self._proposals = None
             if self._channel is not None:
                 closing = asyncio.get_running_loop().create_task(self._channel.close(grace=1.0))
                 self._closing.add(closing)
@@ -243,7 +263,8 @@ class RemoteHandler(GroupingHandler):
                     ("grpc.max_reconnect_backoff_ms", max(100, int(self._reconnect_s * 1000))),
                 ],
             )
-        return pb_grpc.GroupingHandlerStub(self._channel)
+            self._stub_ = pb_grpc.GroupingHandlerStub(self._channel)
+        return self._stub_
 
     # ---- removals -----------------------------------------------------------------------
 

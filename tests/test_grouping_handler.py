@@ -84,6 +84,12 @@ class LocalNode:
             await self.server.stop(None)
             self.server = None
 
+    @property
+    def proposals(self) -> int:
+        """Proposals that reached this server, by Propose or ProposeStream."""
+        assert self.handler.servicer is not None
+        return self.handler.servicer.proposals
+
     def last_use(self, group: str, queue: str) -> int | None:
         for b, last_use in self.handler.arbiter.bindings():
             if b.key == (group, queue):
@@ -312,7 +318,7 @@ async def test_remote_miss_proposes_once_then_hits_the_cache(tmp_path: Path) -> 
         assert remote.cached("g1", "orders") == binding
         for _ in range(100):
             assert await remote.decide("g1", "orders", "other") == binding
-        assert local.counter.calls["Propose"] == 1
+        assert local.proposals == 1
         assert local.handler.cached("g1", "orders") == binding
 
 
@@ -323,7 +329,7 @@ async def test_concurrent_misses_of_one_key_share_one_call(tmp_path: Path) -> No
     ):
         answers = await asyncio.gather(*(remote.decide("g1", "orders", f"n{i}") for i in range(20)))
         assert len(set(answers)) == 1
-        assert local.counter.calls["Propose"] == 1
+        assert local.proposals == 1
 
 
 async def test_two_remotes_proposing_different_nodes_get_the_same_binding(tmp_path: Path) -> None:
@@ -360,6 +366,52 @@ async def test_unreachable_local_fails_new_groups_and_keeps_cached_ones(tmp_path
         assert await remote.decide("g1", "orders", "n-remote") == pinned
         with pytest.raises(HandlerUnavailable):
             await remote.list_bindings()
+
+
+async def test_concurrent_new_groups_share_one_stream_in_batches(tmp_path: Path) -> None:
+    async with (
+        local_node(tmp_path) as local,
+        remote_handler(lambda: local.address) as remote,
+    ):
+        groups = [f"g{i}" for i in range(300)]
+        answers = await asyncio.gather(*(remote.decide(g, "orders", "n-remote") for g in groups))
+        assert answers == [Binding(g, "orders", "n-remote", 1) for g in groups]
+        assert stored_rows(local.handler.path) == sorted(
+            (g, "orders", "n-remote", 1) for g in groups
+        )
+        assert local.counter.calls["ProposeStream"] == 1 and local.counter.calls["Propose"] == 0
+        assert local.proposals == len(groups)
+        assert local.handler.servicer is not None
+        assert local.handler.servicer.batches < len(groups)  # proposals travelled together
+
+
+async def test_a_restarted_local_server_is_reached_on_a_new_stream(tmp_path: Path) -> None:
+    async with (
+        local_node(tmp_path) as local,
+        remote_handler(lambda: local.address, timeout=5000) as remote,
+    ):
+        assert (await remote.decide("g1", "orders", "n-remote")).node == "n-remote"
+        await local.halt()
+        await local.serve()  # same port: the old stream is broken, the channel reconnects
+        assert (await remote.decide("g2", "orders", "n-remote")).node == "n-remote"
+        assert local.counter.calls["ProposeStream"] == 2
+
+
+async def test_a_proposal_the_local_node_cannot_decide_fails_with_its_reason(
+    tmp_path: Path,
+) -> None:
+    async with (
+        local_node(tmp_path) as local,
+        remote_handler(lambda: local.address, timeout=300) as remote,
+    ):
+        await local.handler.stop()  # still served, but its bindings file is closed
+        with pytest.raises(DecisionTimeout) as info:
+            await remote.decide("g", "orders", "n-remote")
+        assert str(info.value) == (
+            "no grouping decision for group 'g' on queue 'orders' within 300 ms: the LOCAL "
+            f"grouping handler at {local.address}: the LOCAL grouping handler is not running"
+        )
+        assert local.proposals >= 1
 
 
 async def test_no_known_local_node_times_out_with_a_clear_message() -> None:
@@ -444,7 +496,7 @@ async def test_hits_refresh_last_use_in_batches_not_per_decide(tmp_path: Path) -
         assert local.last_use("g1", "orders") > first_use
         assert local.counter.calls["Touch"] >= 1
         assert local.counter.calls["Touch"] < decides / 50
-        assert local.counter.calls["Propose"] == 1
+        assert local.proposals == 1
 
 
 async def test_remote_lists_and_unbinds_through_the_local_node(tmp_path: Path) -> None:

@@ -24,39 +24,45 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x62roker/pb/grouping.proto\x12\x11pinmq.grouping.v1\"<\n\x0eProposeRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\"[\n\x0c\x42indingReply\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x05 \x01(\x08\"1\n\x03Key\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\"K\n\x0cTouchRequest\x12$\n\x04keys\x18\x01 \x03(\x0b\x32\x16.pinmq.grouping.v1.Key\x12\x15\n\rvalidate_only\x18\x02 \x01(\x08\"3\n\nTouchReply\x12%\n\x05stale\x18\x01 \x03(\x0b\x32\x16.pinmq.grouping.v1.Key\"\x1f\n\x0fRemovalsRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\"o\n\x07Removal\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12)\n\x06reason\x18\x05 \x01(\x0e\x32\x19.pinmq.grouping.v1.Reason\"+\n\x0bListRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\"b\n\x0b\x42indingInfo\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\x18\n\x10last_use_unix_ms\x18\x05 \x01(\x03\"=\n\tListReply\x12\x30\n\x08\x62indings\x18\x01 \x03(\x0b\x32\x1e.pinmq.grouping.v1.BindingInfo\"<\n\rUnbindRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x12\n\x05queue\x18\x02 \x01(\tH\x00\x88\x01\x01\x42\x08\n\x06_queue\"\x1e\n\x0bUnbindReply\x12\x0f\n\x07removed\x18\x01 \x01(\r*\x80\x01\n\x06Reason\x12\x16\n\x12REASON_UNSPECIFIED\x10\x00\x12\x11\n\rREASON_REAPED\x10\x01\x12\x12\n\x0eREASON_UNBOUND\x10\x02\x12\x1b\n\x17REASON_INSTANCE_DELETED\x10\x03\x12\x1a\n\x16REASON_INSTANCE_ABSENT\x10\x04\x32\x89\x03\n\x0fGroupingHandler\x12M\n\x07Propose\x12!.pinmq.grouping.v1.ProposeRequest\x1a\x1f.pinmq.grouping.v1.BindingReply\x12G\n\x05Touch\x12\x1f.pinmq.grouping.v1.TouchRequest\x1a\x1d.pinmq.grouping.v1.TouchReply\x12L\n\x08Removals\x12\".pinmq.grouping.v1.RemovalsRequest\x1a\x1a.pinmq.grouping.v1.Removal0\x01\x12\x44\n\x04List\x12\x1e.pinmq.grouping.v1.ListRequest\x1a\x1c.pinmq.grouping.v1.ListReply\x12J\n\x06Unbind\x12 .pinmq.grouping.v1.UnbindRequest\x1a\x1e.pinmq.grouping.v1.UnbindReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x62roker/pb/grouping.proto\x12\x11pinmq.grouping.v1\"H\n\x0eProposeRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\n\n\x02id\x18\x04 \x01(\x04\"D\n\x0cProposeBatch\x12\x34\n\tproposals\x18\x01 \x03(\x0b\x32!.pinmq.grouping.v1.ProposeRequest\"W\n\x08\x44\x65\x63ision\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x30\n\x07\x62inding\x18\x02 \x01(\x0b\x32\x1f.pinmq.grouping.v1.BindingReply\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"?\n\rDecisionBatch\x12.\n\tdecisions\x18\x01 \x03(\x0b\x32\x1b.pinmq.grouping.v1.Decision\"[\n\x0c\x42indingReply\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x05 \x01(\x08\"1\n\x03Key\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\"K\n\x0cTouchRequest\x12$\n\x04keys\x18\x01 \x03(\x0b\x32\x16.pinmq.grouping.v1.Key\x12\x15\n\rvalidate_only\x18\x02 \x01(\x08\"3\n\nTouchReply\x12%\n\x05stale\x18\x01 \x03(\x0b\x32\x16.pinmq.grouping.v1.Key\"\x1f\n\x0fRemovalsRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\"o\n\x07Removal\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12)\n\x06reason\x18\x05 \x01(\x0e\x32\x19.pinmq.grouping.v1.Reason\"+\n\x0bListRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\"b\n\x0b\x42indingInfo\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\x18\n\x10last_use_unix_ms\x18\x05 \x01(\x03\"=\n\tListReply\x12\x30\n\x08\x62indings\x18\x01 \x03(\x0b\x32\x1e.pinmq.grouping.v1.BindingInfo\"<\n\rUnbindRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x12\n\x05queue\x18\x02 \x01(\tH\x00\x88\x01\x01\x42\x08\n\x06_queue\"\x1e\n\x0bUnbindReply\x12\x0f\n\x07removed\x18\x01 \x01(\r*\x80\x01\n\x06Reason\x12\x16\n\x12REASON_UNSPECIFIED\x10\x00\x12\x11\n\rREASON_REAPED\x10\x01\x12\x12\n\x0eREASON_UNBOUND\x10\x02\x12\x1b\n\x17REASON_INSTANCE_DELETED\x10\x03\x12\x1a\n\x16REASON_INSTANCE_ABSENT\x10\x04\x32\xe1\x03\n\x0fGroupingHandler\x12M\n\x07Propose\x12!.pinmq.grouping.v1.ProposeRequest\x1a\x1f.pinmq.grouping.v1.BindingReply\x12V\n\rProposeStream\x12\x1f.pinmq.grouping.v1.ProposeBatch\x1a .pinmq.grouping.v1.DecisionBatch(\x01\x30\x01\x12G\n\x05Touch\x12\x1f.pinmq.grouping.v1.TouchRequest\x1a\x1d.pinmq.grouping.v1.TouchReply\x12L\n\x08Removals\x12\".pinmq.grouping.v1.RemovalsRequest\x1a\x1a.pinmq.grouping.v1.Removal0\x01\x12\x44\n\x04List\x12\x1e.pinmq.grouping.v1.ListRequest\x1a\x1c.pinmq.grouping.v1.ListReply\x12J\n\x06Unbind\x12 .pinmq.grouping.v1.UnbindRequest\x1a\x1e.pinmq.grouping.v1.UnbindReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'broker.pb.grouping_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_REASON']._serialized_start=832
-  _globals['_REASON']._serialized_end=960
+  _globals['_REASON']._serialized_start=1068
+  _globals['_REASON']._serialized_end=1196
   _globals['_PROPOSEREQUEST']._serialized_start=47
-  _globals['_PROPOSEREQUEST']._serialized_end=107
-  _globals['_BINDINGREPLY']._serialized_start=109
-  _globals['_BINDINGREPLY']._serialized_end=200
-  _globals['_KEY']._serialized_start=202
-  _globals['_KEY']._serialized_end=251
-  _globals['_TOUCHREQUEST']._serialized_start=253
-  _globals['_TOUCHREQUEST']._serialized_end=328
-  _globals['_TOUCHREPLY']._serialized_start=330
-  _globals['_TOUCHREPLY']._serialized_end=381
-  _globals['_REMOVALSREQUEST']._serialized_start=383
-  _globals['_REMOVALSREQUEST']._serialized_end=414
-  _globals['_REMOVAL']._serialized_start=416
-  _globals['_REMOVAL']._serialized_end=527
-  _globals['_LISTREQUEST']._serialized_start=529
-  _globals['_LISTREQUEST']._serialized_end=572
-  _globals['_BINDINGINFO']._serialized_start=574
-  _globals['_BINDINGINFO']._serialized_end=672
-  _globals['_LISTREPLY']._serialized_start=674
-  _globals['_LISTREPLY']._serialized_end=735
-  _globals['_UNBINDREQUEST']._serialized_start=737
-  _globals['_UNBINDREQUEST']._serialized_end=797
-  _globals['_UNBINDREPLY']._serialized_start=799
-  _globals['_UNBINDREPLY']._serialized_end=829
-  _globals['_GROUPINGHANDLER']._serialized_start=963
-  _globals['_GROUPINGHANDLER']._serialized_end=1356
+  _globals['_PROPOSEREQUEST']._serialized_end=119
+  _globals['_PROPOSEBATCH']._serialized_start=121
+  _globals['_PROPOSEBATCH']._serialized_end=189
+  _globals['_DECISION']._serialized_start=191
+  _globals['_DECISION']._serialized_end=278
+  _globals['_DECISIONBATCH']._serialized_start=280
+  _globals['_DECISIONBATCH']._serialized_end=343
+  _globals['_BINDINGREPLY']._serialized_start=345
+  _globals['_BINDINGREPLY']._serialized_end=436
+  _globals['_KEY']._serialized_start=438
+  _globals['_KEY']._serialized_end=487
+  _globals['_TOUCHREQUEST']._serialized_start=489
+  _globals['_TOUCHREQUEST']._serialized_end=564
+  _globals['_TOUCHREPLY']._serialized_start=566
+  _globals['_TOUCHREPLY']._serialized_end=617
+  _globals['_REMOVALSREQUEST']._serialized_start=619
+  _globals['_REMOVALSREQUEST']._serialized_end=650
+  _globals['_REMOVAL']._serialized_start=652
+  _globals['_REMOVAL']._serialized_end=763
+  _globals['_LISTREQUEST']._serialized_start=765
+  _globals['_LISTREQUEST']._serialized_end=808
+  _globals['_BINDINGINFO']._serialized_start=810
+  _globals['_BINDINGINFO']._serialized_end=908
+  _globals['_LISTREPLY']._serialized_start=910
+  _globals['_LISTREPLY']._serialized_end=971
+  _globals['_UNBINDREQUEST']._serialized_start=973
+  _globals['_UNBINDREQUEST']._serialized_end=1033
+  _globals['_UNBINDREPLY']._serialized_start=1035
+  _globals['_UNBINDREPLY']._serialized_end=1065
+  _globals['_GROUPINGHANDLER']._serialized_start=1199
+  _globals['_GROUPINGHANDLER']._serialized_end=1680
 # @@protoc_insertion_point(module_scope)

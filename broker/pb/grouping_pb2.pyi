@@ -21,14 +21,38 @@ REASON_INSTANCE_DELETED: Reason
 REASON_INSTANCE_ABSENT: Reason
 
 class ProposeRequest(_message.Message):
-    __slots__ = ("group", "queue", "node")
+    __slots__ = ("group", "queue", "node", "id")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
     group: str
     queue: str
     node: str
-    def __init__(self, group: _Optional[str] = ..., queue: _Optional[str] = ..., node: _Optional[str] = ...) -> None: ...
+    id: int
+    def __init__(self, group: _Optional[str] = ..., queue: _Optional[str] = ..., node: _Optional[str] = ..., id: _Optional[int] = ...) -> None: ...
+
+class ProposeBatch(_message.Message):
+    __slots__ = ("proposals",)
+    PROPOSALS_FIELD_NUMBER: _ClassVar[int]
+    proposals: _containers.RepeatedCompositeFieldContainer[ProposeRequest]
+    def __init__(self, proposals: _Optional[_Iterable[_Union[ProposeRequest, _Mapping]]] = ...) -> None: ...
+
+class Decision(_message.Message):
+    __slots__ = ("id", "binding", "error")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    BINDING_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    binding: BindingReply
+    error: str
+    def __init__(self, id: _Optional[int] = ..., binding: _Optional[_Union[BindingReply, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
+
+class DecisionBatch(_message.Message):
+    __slots__ = ("decisions",)
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    decisions: _containers.RepeatedCompositeFieldContainer[Decision]
+    def __init__(self, decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ...) -> None: ...
 
 class BindingReply(_message.Message):
     __slots__ = ("group", "queue", "node", "epoch", "accepted")

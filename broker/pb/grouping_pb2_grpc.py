@@ -39,6 +39,11 @@ class GroupingHandlerStub:
                 request_serializer=broker_dot_pb_dot_grouping__pb2.ProposeRequest.SerializeToString,
                 response_deserializer=broker_dot_pb_dot_grouping__pb2.BindingReply.FromString,
                 _registered_method=True)
+        self.ProposeStream = channel.stream_stream(
+                '/pinmq.grouping.v1.GroupingHandler/ProposeStream',
+                request_serializer=broker_dot_pb_dot_grouping__pb2.ProposeBatch.SerializeToString,
+                response_deserializer=broker_dot_pb_dot_grouping__pb2.DecisionBatch.FromString,
+                _registered_method=True)
         self.Touch = channel.unary_unary(
                 '/pinmq.grouping.v1.GroupingHandler/Touch',
                 request_serializer=broker_dot_pb_dot_grouping__pb2.TouchRequest.SerializeToString,
@@ -67,6 +72,16 @@ class GroupingHandlerServicer:
     def Propose(self, request, context):
         """Bind (group, queue) to the proposed node, or answer with the existing binding (and
         count that as a use). Answered only once the binding is durable on the LOCAL node.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProposeStream(self, request_iterator, context):
+        """The same decisions, many at a time over one long-lived call (what REMOTE nodes use): a
+        unary call per new group costs more CPU on both sides than the decision itself. Each
+        ProposeBatch holds the proposals made since the previous one, each with an `id` unique on
+        the stream; each DecisionBatch the answers that became durable since the previous one.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -110,6 +125,11 @@ def add_GroupingHandlerServicer_to_server(servicer, server):
                     servicer.Propose,
                     request_deserializer=broker_dot_pb_dot_grouping__pb2.ProposeRequest.FromString,
                     response_serializer=broker_dot_pb_dot_grouping__pb2.BindingReply.SerializeToString,
+            ),
+            'ProposeStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ProposeStream,
+                    request_deserializer=broker_dot_pb_dot_grouping__pb2.ProposeBatch.FromString,
+                    response_serializer=broker_dot_pb_dot_grouping__pb2.DecisionBatch.SerializeToString,
             ),
             'Touch': grpc.unary_unary_rpc_method_handler(
                     servicer.Touch,
@@ -159,6 +179,33 @@ class GroupingHandler:
             '/pinmq.grouping.v1.GroupingHandler/Propose',
             broker_dot_pb_dot_grouping__pb2.ProposeRequest.SerializeToString,
             broker_dot_pb_dot_grouping__pb2.BindingReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProposeStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/pinmq.grouping.v1.GroupingHandler/ProposeStream',
+            broker_dot_pb_dot_grouping__pb2.ProposeBatch.SerializeToString,
+            broker_dot_pb_dot_grouping__pb2.DecisionBatch.FromString,
             options,
             channel_credentials,
             insecure,
