@@ -392,8 +392,12 @@ def test_message_frame_headers(connect: Connect) -> None:
     send_group(conn, rec, q, "g", [1, 2], **{"content-type": "text/plain", "x-y": "z"})
     conn.send(f"/queue/{q}", "ungrouped", headers={"receipt": "r-ungrouped"})
     rec.wait_receipt("r-ungrouped")
+    conn.send(f"/queue/{q}", "no seq", headers={"_AMQ_GROUP_ID": "h", "receipt": "r-noseq"})
+    rec.wait_receipt("r-noseq")
     subscribe(conn, rec, q, "s1", ack="client-individual")
-    m1, m2, m3 = rec.wait_messages(3)
+    m1, m2, m3, m4 = rec.wait_messages(4)
+    assert m4.headers["JMSXGroupID"] == "h"  # the group key, whichever header named it
+    assert "JMSXGroupSeq" not in m4.headers  # the sender set no sequence: none is made up
     assert m1.headers["subscription"] == "s1"
     assert m1.headers["destination"] == f"/queue/{q}"
     assert m1.headers["JMSXGroupID"] == "g"

@@ -705,7 +705,7 @@ class Session:
             if m.group is not None:
                 if GROUP_ID_HEADER not in h:
                     extra += f"{GROUP_ID_HEADER}:{esc_value(m.group)}\n"
-                if GROUP_SEQ_HEADER not in h:
+                if GROUP_SEQ_HEADER not in h and m.group_seq:
                     extra += f"{GROUP_SEQ_HEADER}:{m.group_seq}\n"
             if d.first_in_group and sub.first_line is not None:
                 extra += sub.first_line
