@@ -2,10 +2,11 @@
 
 Nodes (`audit:` in the node config) and the Python client / CLI (`--audit DIR`) write the
 events that the PySpark checker (`pinmq check`, `pipeline/`) reads back. The hot path only
-appends a tuple to a deque; a background thread formats every event queued since its last
-turn (every `flush_ms`, or sooner once `BATCH_EVENTS` are waiting) and writes them as whole
-lines with one `write` per batch. A crash loses at most the events not yet written; lines
-already written stay intact. A torn last line (power loss, full disk) is skipped by readers.
+appends a tuple of references to a deque (one per kind of event of a core call); a background
+thread formats everything queued since its last turn (every `flush_ms`, or sooner once
+`BATCH_ENTRIES` are waiting) and writes it as whole lines with one `write` per batch. A crash
+loses at most the events not yet written; lines already written stay intact. A torn last line
+(power loss, full disk) is skipped by readers.
 
 Files: `<dir>/<writer>-<boot ns>-<k>.jsonl`, a new `k` once a segment reaches `segment_bytes`;
 `writer` is the node id (or the client's audit name) and `boot` the writer's start time, so a
@@ -17,26 +18,32 @@ Schema (one object per line; a key whose value would be null is left out):
 | --- | --- | --- |
 | `ts_ns` | int | wall clock (ns) when the event happened |
 | `node` | str | node id; for client events the `host:port` the client was connected to |
-| `epoch` | int | arbiter epoch (`routed` events) |
+| `epoch` | int | `routed` by a group's binding: the arbiter epoch of that binding |
 | `kind` | str | node: `sent` `routed` `delivered` `acked` `released` `rejected`; |
 | | | client: `client_sent` `client_received` `client_acked` |
 | `msg_id` | int | the message id on that node (a forwarded message gets a new one) |
 | `address`, `queue` | str | where the message was sent / which queue held it |
-| `group`, `group_seq` | str, int | resolved group key and JMSXGroupSeq (0: none) |
+| `group`, `group_seq` | str, int | resolved group key and JMSXGroupSeq (0: none); |
+| | | `routed`: the group key whose binding chose the target (absent: ungrouped) |
 | `producer` | str | producer id of an auditing client (from `mid`) |
 | `consumer` | str | consumer id (as assigned by the node) |
 | `delivery_count` | int | `delivered` / `client_received`: this delivery's count (1 = first) |
 | `mid` | str | end-to-end id `<producer>/<n>` from the `pinmq-mid` header (extension) |
 | `n` | int | the writer's event sequence number, orders events with equal `ts_ns` (extension) |
 | `target` | str | `routed`: chosen `queue@node` (extension) |
-| `new_proposal` | bool | `routed`: the binding came from a new proposal (extension) |
+| `new_proposal` | bool | `routed` with a group: this node proposed a route for the group and |
+| | | awaited the decision, as its cache or arbiter did not know it (extension) |
 | `decision_ns` | int | `routed` with a new proposal: time to get the decision (extension) |
 | `consumer_name` | str | client events: the consumer's name (extension) |
 
 Node events come from the core's `Effects`: `sent` (added), `delivered` (deliveries),
 `acked` (removed while a consumer held it, not dead), `released` (updated: released, or
 returned when its consumer went away), `rejected` (dead: rejected or out of delivery
-attempts). `routed` comes from the cluster send path through `AuditLog.routed`.
+attempts). A message forwarded from another node is `sent` on the node that enqueues it.
+`routed` comes from the cluster send path (`AuditLog.routed`): one per message and target
+queue on a clustered address, grouped (`group`, `epoch`, `new_proposal`) or not; the
+message's `sent` follows, in the target queue or in the store-and-forward queue (`$sf.`)
+that carries it to `target`'s node, with the same `msg_id`.
 """
 
 from __future__ import annotations
@@ -47,33 +54,38 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from broker.queue import Effects
+    from handler.arbiter import Binding
 
 MID_HEADER = "pinmq-mid"
 SEGMENT_BYTES = 64 * 1024 * 1024
 FLUSH_MS = 100
-BATCH_EVENTS = 20_000  # wake the writer early once this many events wait
+BATCH_ENTRIES = 5_000  # wake the writer early once this many entries (or Effects' kinds) wait
 COMMON_CACHE = 200_000  # formatted message keys kept for the message's later events
 NODE_KINDS = ("sent", "routed", "delivered", "acked", "released", "rejected")
 CLIENT_KINDS = ("client_sent", "client_received", "client_acked")
 KINDS = NODE_KINDS + CLIENT_KINDS
 SEGMENT_RE = re.compile(r"^(?P<writer>.+)-(?P<boot>\d+)-(?P<k>\d+)\.jsonl$")
 
-# Queued events: (kind, ts_ns, message, consumer, delivery_count) for node events from Effects,
-# (kind, ts_ns, None, None, {key: value}) for everything else.
-_SENT, _DELIVERED, _ACKED, _RELEASED, _REJECTED = (
-    "sent",
-    "delivered",
-    "acked",
-    "released",
-    "rejected",
-)
+# Queue entries: (kind, ts_ns, items) for node events from one Effects (`effects` has the items
+# of each kind), ("routed", ts_ns, (fields of `routed`)), (kind, ts_ns, {key: value}) for the
+# rest (`record`).
+_SENT, _ROUTED, _DELIVERED, _ACKED, _RELEASED, _REJECTED = NODE_KINDS
 _enc = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]
+STRINGS_CACHE = 10_000  # JSON forms of names (queues, consumers, groups) kept between batches
+
+
+class _Json(dict[str, str]):
+    """str -> its JSON form, encoded on first use: a hit is one subscript, no Python call."""
+
+    def __missing__(self, value: str) -> str:
+        out = self[value] = _enc(value)
+        return out
 
 
 class AuditLog:
@@ -109,8 +121,8 @@ class AuditLog:
         self._segment = 0
         self._size = 0
         self._n = 0
-        self._holder: dict[int, str] = {}  # id(message) -> consumer holding it
-        self._cache: dict[str, str] = {}
+        self._holder: dict[int, str] = {}  # id(message) -> consumer holding it (writer)
+        self._json = _Json()
         self._common: dict[int, tuple[Any, str]] = {}  # id(message) -> (message, its keys)
         self._node_json = _enc(self.node)
         self.error: BaseException | None = None
@@ -143,72 +155,63 @@ class AuditLog:
     def __exit__(self, *_: object) -> None:
         self.close()
 
-    # ---- recording (hot path: append a tuple, nothing else) ---------------------------------
+    # ---- recording (hot path: queue references, format nothing) -----------------------------
 
     def effects(self, fx: Effects) -> None:
         """Node events for one core call's Effects (called from `Node.apply`).
 
-        Only references are queued: a message's fields other than its delivery count (taken
-        here) do not change once it is enqueued, so the writer thread reads them later.
+        One queue entry per kind of event, holding the messages: their fields other than the
+        delivery count (taken here) do not change once they are enqueued, so the writer reads
+        them later, and works out there which consumer held a removed message.
         """
         if not (fx.added or fx.deliveries or fx.removed or fx.updated or fx.dead):
             return
         ts = time.time_ns()
         put = self._queue.append
-        holder = self._holder
-        for m in fx.added:
-            put((_SENT, ts, m, None, None))
+        if fx.added:
+            put((_SENT, ts, tuple(fx.added)))
         if fx.removed:
-            dead = {id(m) for m in fx.dead} if fx.dead else ()
-            for m in fx.removed:  # removed without a holder: taken away, not acked
-                if id(m) not in dead and (c := holder.pop(id(m), None)) is not None:
-                    put((_ACKED, ts, m, c, None))
-        for m in fx.dead:
-            put((_REJECTED, ts, m, holder.pop(id(m), None), m.delivery_count))
-        for m in fx.updated:
-            put((_RELEASED, ts, m, holder.pop(id(m), None), m.delivery_count))
-        for d in fx.deliveries:
-            m = d.message
-            holder[id(m)] = d.consumer_id
-            put((_DELIVERED, ts, m, d.consumer_id, m.delivery_count + 1))
-        if len(self._queue) >= BATCH_EVENTS:
+            removed = fx.removed
+            if fx.dead:  # rejected, not acked
+                dead = {id(m) for m in fx.dead}
+                removed = [m for m in removed if id(m) not in dead]
+            put((_ACKED, ts, tuple(removed)))
+        if fx.dead:
+            put((_REJECTED, ts, [(m, m.delivery_count) for m in fx.dead]))
+        if fx.updated:
+            put((_RELEASED, ts, [(m, m.delivery_count) for m in fx.updated]))
+        if fx.deliveries:
+            ds = [(d.message, d.consumer_id, d.message.delivery_count + 1) for d in fx.deliveries]
+            put((_DELIVERED, ts, ds))
+        if len(self._queue) >= BATCH_ENTRIES:
             self._wake.set()
 
     def routed(
         self,
-        *,
+        msg_id: int | None,
         address: str,
-        group: str | None,
+        headers: Mapping[str, str],
         queue: str,
         node: str,
-        epoch: int | None,
-        new_proposal: bool,
-        msg_id: int | None = None,
-        mid: str | None = None,
+        binding: Binding | None = None,
         decision_ns: int | None = None,
     ) -> None:
-        """A grouped send was routed to `queue@node` (for the cluster send path to call).
+        """The cluster send path routed a message to `queue@node` (`cluster/sending.py`).
 
-        `new_proposal`: the binding was decided for this message (a new group), not found in
-        the cache or the arbiter's table; `decision_ns` is how long that decision took.
+        `binding`: the group's binding that chose the instance (None: ungrouped routing);
+        `decision_ns`: this node proposed a route for the group and awaited the decision for
+        that long (`new_proposal`), as neither its cache nor its arbiter knew the group. Only
+        references are queued: `headers` (for the `mid`) and `binding` are read by the writer.
         """
-        self.record(
-            "routed",
-            epoch=epoch,
-            msg_id=msg_id,
-            mid=mid,
-            address=address,
-            queue=queue,
-            group=group,
-            target=f"{queue}@{node}",
-            new_proposal=new_proposal,
-            decision_ns=decision_ns,
-        )
+        fields = (msg_id, address, headers, queue, node, binding, decision_ns)
+        self._queue.append((_ROUTED, time.time_ns(), fields))
+        if len(self._queue) >= BATCH_ENTRIES:
+            self._wake.set()
 
     def record(self, kind: str, **fields: Any) -> None:
-        """Any event (client events use this): keys as in the schema; None values are left out."""
-        self._queue.append((kind, fields.pop("ts_ns", None) or time.time_ns(), None, None, fields))
-        if len(self._queue) >= BATCH_EVENTS:
+        """Any other event (client events): keys as in the schema; None values are left out."""
+        self._queue.append((kind, fields.pop("ts_ns", None) or time.time_ns(), fields))
+        if len(self._queue) >= BATCH_ENTRIES:
             self._wake.set()
 
     # ---- writing (the writer thread) --------------------------------------------------------
@@ -228,14 +231,85 @@ class AuditLog:
         count = len(q)
         if not count:
             return
-        pop = q.popleft
-        lines = [self._line(pop()) for _ in range(count)]
+        lines = self._lines(q, count)
         data = "".join(lines).encode()
         if self._size + len(data) > self.segment_bytes:
             self._write_split(lines)
         else:
             self._write(data)
-        self.written += count
+        self.written += len(lines)
+
+    def _lines(self, q: deque[tuple[Any, ...]], count: int) -> list[str]:
+        """Format the first `count` queue entries: the audit log's cost per event.
+
+        This runs in the writer thread but holds the GIL, so every instruction is taken from
+        the event loop: one tight loop per entry's kind, everything in locals. A message's own
+        keys are the same in its sent, delivered and acked events: formatted once and kept
+        (with the message: an id alone could be reused) until it is settled.
+        """
+        if len(self._json) > STRINGS_CACHE:
+            self._json.clear()
+        if len(self._common) > COMMON_CACHE:
+            self._common.clear()
+        js = self._json
+        common = self._common
+        cached = common.get
+        keys = self._message_keys
+        holder = self._holder
+        head = f',"node":{self._node_json},"kind":"'
+        pop = q.popleft
+        lines: list[str] = []
+        add = lines.append
+        n = self._n
+        for _ in range(count):
+            kind, ts, items = pop()
+            if type(items) is dict or kind is _ROUTED:  # record() or routed(): one event
+                n += 1
+                add(self._other_line(kind, ts, items, n))
+                continue
+            pre = f'{{"ts_ns":{ts}{head}{kind}"'
+            if kind is _SENT:
+                for m in items:
+                    mk = keys(m)
+                    common[id(m)] = (m, mk)
+                    n += 1
+                    add(f'{pre}{mk},"n":{n}}}\n')
+            elif kind is _DELIVERED:
+                for m, consumer, delivery_count in items:
+                    key = id(m)
+                    holder[key] = consumer
+                    c = cached(key)
+                    if c is not None and c[0] is m:
+                        mk = c[1]
+                    else:
+                        mk = keys(m)
+                        common[key] = (m, mk)
+                    n += 1
+                    add(
+                        f'{pre}{mk},"consumer":{js[consumer]},'
+                        f'"delivery_count":{delivery_count},"n":{n}}}\n'
+                    )
+            elif kind is _ACKED:
+                for m in items:
+                    key = id(m)
+                    consumer = holder.pop(key, None)
+                    if consumer is None:
+                        continue  # removed while no consumer held it: taken away, not acked
+                    c = common.pop(key, None)
+                    mk = c[1] if c is not None and c[0] is m else keys(m)
+                    n += 1
+                    add(f'{pre}{mk},"consumer":{js[consumer]},"n":{n}}}\n')
+            else:  # released or rejected
+                for m, delivery_count in items:
+                    key = id(m)
+                    consumer = holder.pop(key, None)
+                    c = common.pop(key, None) if kind is _REJECTED else cached(key)
+                    mk = c[1] if c is not None and c[0] is m else keys(m)
+                    who = "" if consumer is None else f',"consumer":{js[consumer]}'
+                    n += 1
+                    add(f'{pre}{mk}{who},"delivery_count":{delivery_count},"n":{n}}}\n')
+        self._n = n
+        return lines
 
     def _write_split(self, lines: list[str]) -> None:
         chunk: list[bytes] = []
@@ -269,64 +343,55 @@ class AuditLog:
         self._segment += 1
         self._open()
 
-    def _str(self, value: str) -> str:
-        cache = self._cache
-        out = cache.get(value)
-        if out is None:
-            if len(cache) > 10_000:
-                cache.clear()
-            out = cache[value] = _enc(value)
-        return out
+    def _other_line(self, kind: str, ts: int, fields: Any, n: int) -> str:
+        """A `record` event (a dict) or a `routed` one (fields as `routed` queued them)."""
+        if type(fields) is not dict:
+            return self._routed_line(ts, fields, n)
+        head = f'{{"ts_ns":{ts},"node":{self._node_json}'
+        epoch = fields.pop("epoch", None)
+        if epoch is not None:
+            head += f',"epoch":{int(epoch)}'
+        body = "".join(f",{_enc(k)}:{json.dumps(v)}" for k, v in fields.items() if v is not None)
+        return f'{head},"kind":{_enc(kind)}{body},"n":{n}}}\n'
 
-    def _line(self, e: tuple[Any, ...]) -> str:
-        kind, ts, m, consumer, count = e
-        self._n += 1
-        if m is None:  # record(): every key is in the dict
-            fields = count
-            head = f'{{"ts_ns":{ts},"node":{self._node_json}'
-            epoch = fields.pop("epoch", None)
-            if epoch is not None:
-                head += f',"epoch":{int(epoch)}'
-            body = "".join(
-                f",{_enc(k)}:{json.dumps(v)}" for k, v in fields.items() if v is not None
-            )
-            return f'{head},"kind":{_enc(kind)}{body},"n":{self._n}}}\n'
-        # The message's own keys are the same in its sent, delivered and acked events: format
-        # them once (cached until the message is settled; the cache is bounded).
-        cached = self._common.get(id(m))
-        if cached is not None and cached[0] is m:
-            common = cached[1]
-            if kind is _ACKED or kind is _REJECTED:
-                del self._common[id(m)]
-        else:
-            common = self._message_keys(m)
-            if kind is not _ACKED and kind is not _REJECTED:
-                if len(self._common) >= COMMON_CACHE:
-                    self._common.clear()
-                self._common[id(m)] = (m, common)
-        tail = f',"consumer":{self._str(consumer)}' if consumer is not None else ""
-        if count is not None:
-            tail += f',"delivery_count":{count}'
-        return (
-            f'{{"ts_ns":{ts},"node":{self._node_json},"kind":"{kind}"{common}{tail},'
-            f'"n":{self._n}}}\n'
-        )
+    def _routed_line(self, ts: int, fields: tuple[Any, ...], n: int) -> str:
+        msg_id, address, headers, queue, node, binding, decision = fields
+        out = [f'{{"ts_ns":{ts},"node":{self._node_json}']
+        if binding is not None:
+            out.append(f',"epoch":{binding.epoch}')
+        out.append(',"kind":"routed"')
+        if msg_id is not None:
+            out.append(f',"msg_id":{msg_id}')
+        mid = headers.get(MID_HEADER)
+        if mid is not None:
+            out.append(f',"mid":{_enc(mid)}')
+        js = self._json
+        out.append(f',"address":{js[address]},"queue":{js[queue]}')
+        if binding is not None:
+            out.append(f',"group":{js[binding.group]}')
+        out.append(f',"target":{js[f"{queue}@{node}"]}')
+        if binding is not None:
+            out.append(',"new_proposal":false' if decision is None else ',"new_proposal":true')
+        if decision is not None:
+            out.append(f',"decision_ns":{decision}')
+        out.append(f',"n":{n}}}\n')
+        return "".join(out)
 
     def _message_keys(self, m: Any) -> str:
-        mid = m.headers.get(MID_HEADER)
-        parts = [f',"msg_id":{m.msg_id}']
-        if mid is not None:
-            parts.append(f',"mid":{_enc(mid)}')
-        parts.append(f',"address":{self._str(m.address)},"queue":{self._str(m.queue)}')
+        """A message's own keys (msg_id, address, queue, group, group_seq, mid, producer)."""
+        js = self._json
+        out = f',"msg_id":{m.msg_id},"address":{js[m.address]},"queue":{js[m.queue]}'
         if m.group is not None:
-            parts.append(f',"group":{_enc(m.group)}')
+            out += f',"group":{js[m.group]}'
         if m.group_seq:
-            parts.append(f',"group_seq":{int(m.group_seq)}')
+            out += f',"group_seq":{m.group_seq}'
+        mid = m.headers.get(MID_HEADER)
         if mid is not None:
+            out += f',"mid":{_enc(mid)}'
             producer = mid.rpartition("/")[0]
             if producer:
-                parts.append(f',"producer":{self._str(producer)}')
-        return "".join(parts)
+                out += f',"producer":{js[producer]}'
+        return out
 
 
 def segments(directory: str | Path) -> list[Path]:

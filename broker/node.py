@@ -13,7 +13,7 @@ import contextlib
 import signal
 import time
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -292,11 +292,15 @@ class Node:
     # ---- effects --------------------------------------------------------------------------
 
     def apply(
-        self, fx: Effects, receipt: tuple[ConsumerStream, Receipt] | None = None
+        self,
+        fx: Effects,
+        receipt: tuple[ConsumerStream, Receipt] | None = None,
+        marks: Mapping[str, int] | None = None,
     ) -> asyncio.Future[None] | None:
         """Carry out what a core call asked for; returns its store write, if there is one.
 
-        Await the returned future before confirming the operation to a client.
+        Await the returned future before confirming the operation to a client. `marks`
+        (forwarded messages, `cluster/bridge.py`) are stored in the same write as the messages.
         """
         if self.audit is not None:  # audit log: queues references, formats off the loop
             self.audit.effects(fx)
@@ -309,8 +313,10 @@ class Node:
         removed = [m for m in fx.removed if m.persistent]
         updated = [m for m in fx.updated if m.persistent]
         write = None
-        if added or removed or updated:
-            write = self._watch(self.store.write(added=added, removed=removed, updated=updated))
+        if added or removed or updated or marks:
+            write = self._watch(
+                self.store.write(added=added, removed=removed, updated=updated, marks=marks or {})
+            )
             if added:
                 self._track(added, write)
         if not fx.deliveries and receipt is None:

@@ -34,7 +34,6 @@ from broker.queue import Delivery, Effects
 from cluster.connector import CHANNEL_OPTIONS
 
 if TYPE_CHECKING:
-    from broker.node import Node
     from cluster.node import ClusterNode
 
 log = logs.get("cluster")
@@ -53,28 +52,6 @@ SF_SETTINGS = QueueConfig(
 def sf_queue(cluster_name: str, node_id: str) -> str:
     """The store-and-forward queue holding messages on their way to `node_id`."""
     return f"{SF_PREFIX}{cluster_name}.{node_id}"
-
-
-def apply_with_marks(node: Node, fx: Effects, marks: dict[str, int]) -> asyncio.Future[None]:
-    """`Node.apply`, with forwarding marks in the same store write as the added messages.
-
-    Mirrors `Node.apply` step by step (queue definitions first, then one message write whose
-    added messages gate their deliveries), because the marks must commit atomically with the
-    messages and `Node.apply` has no way to carry them.
-    """
-    store = node.store
-    for address, name, settings in fx.queues_created:
-        if settings.durable:
-            dump = settings.model_dump(mode="json", by_alias=True)
-            node._watch(store.save_queue(address, name, dump))
-    added = [m for m in fx.added if m.persistent]
-    removed = [m for m in fx.removed if m.persistent]
-    updated = [m for m in fx.updated if m.persistent]
-    write = node._watch(store.write(added=added, removed=removed, updated=updated, marks=marks))
-    if added:
-        node._track(added, write)
-    node.apply(Effects(deliveries=fx.deliveries))  # each waits for the write adding its message
-    return write
 
 
 # ---- receiving ------------------------------------------------------------------------------
@@ -133,7 +110,11 @@ class ForwardReceiver:
             write = self._writes.get(key)
             return mark, write if write is not None and not write.done() else None
         self._accepted[key] = top
-        write = self._writes[key] = apply_with_marks(node, fx, {key: top})
+        # One write for the messages and the mark; through Node.apply like any send, so the
+        # messages are audited (`sent` here) and gate their deliveries the same way.
+        write = node.apply(fx, marks={key: top})
+        assert write is not None  # a mark is always written
+        self._writes[key] = write
         return top, write
 
     async def serve(self, context: aio.ServicerContext) -> None:

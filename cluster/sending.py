@@ -18,13 +18,17 @@ time fails the batch with `GroupingUnavailable` (gRPC UNAVAILABLE, STOMP ERROR),
 of it is enqueued anywhere: a grouped message is never routed without its binding.
 
 Routing returns the `Effects` to apply; the caller applies them (STOMP merges a read's frames
-into one store write). The module also moves ungrouped messages away from a queue that lost
-its consumers (ON_DEMAND redistribution); grouped messages never move.
+into one store write). With the node's audit log on, each message leaves a `routed` event per
+instance it is routed to (`AuditLog.routed`): `queue@node`, and for a grouped one the binding
+(group, epoch) and whether this send proposed it, with how long the decision took. The module
+also moves ungrouped messages away from a queue that lost its consumers (ON_DEMAND
+redistribution); grouped messages never move.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -46,7 +50,7 @@ if TYPE_CHECKING:
 log = logs.get("cluster")
 
 Key = tuple[str, str]  # (group key, queue)
-Target = tuple[str, str | None]  # (queue, node); node None: this node
+Target = tuple[str, str | None, Binding | None]  # (queue, node, binding); node None: this node
 Sent = tuple[list[int], Effects]  # one msg id per message (the first copy's), what to apply
 
 
@@ -85,17 +89,20 @@ class Sender:
         if self.node.cluster is None:
             return self._plain(batch, now_ns)
         plan = self._plan(batch, {}, None)
-        return None if plan is None else self._commit(batch, plan, now_ns)
+        return None if plan is None else self._commit(batch, plan, now_ns, {})
 
     async def send(self, batch: Sequence[Outgoing]) -> Sent:
         """Await the batch's missing decisions (concurrently), then route all of it."""
         decided: dict[Key, Binding] = {}
+        took: dict[Key, int] = {}  # how long each decision took (ns), for the audit log
         while True:
             missing: dict[Key, str] = {}
             plan = self._plan(batch, decided, missing)
             if plan is not None:
-                return self._commit(batch, plan, now_ns())
-            decided.update(await self._decide(missing))
+                return self._commit(batch, plan, now_ns(), took)
+            for key, (binding, ns) in (await self._decide(missing)).items():
+                decided[key] = binding
+                took[key] = ns
 
     def _plain(self, batch: Sequence[Outgoing], now_ns: int) -> Sent:
         """A standalone node's send: every address checked first, so the batch is all or none."""
@@ -148,6 +155,7 @@ class Sender:
             targets: list[Target] = []
             for queue, settings in queues:
                 key = group_key(settings, m.headers) if grouped else None
+                binding: Binding | None = None
                 if key is None or handler is None:
                     node = _node(cluster.choose(address, queue))
                 else:
@@ -163,7 +171,7 @@ class Sender:
                 if node is None and address not in checked:
                     core.check_address(address)  # enqueued here: may it be (auto-created)?
                     checked.add(address)
-                targets.append((queue, node))
+                targets.append((queue, node, binding))
             plan.append(targets)
         return None if missing else plan
 
@@ -195,10 +203,22 @@ class Sender:
             queues.append((name, settings))
         return queues
 
-    def _commit(self, batch: Sequence[Outgoing], plan: list[list[Target] | None], now: int) -> Sent:
+    def _commit(
+        self,
+        batch: Sequence[Outgoing],
+        plan: list[list[Target] | None],
+        now: int,
+        took: dict[Key, int],
+    ) -> Sent:
+        """Enqueue every message as planned; `took`: decisions awaited for this batch (ns).
+
+        A decision's time goes with the first message routed by it (the group's first here).
+        """
         cluster = self.node.cluster
         assert cluster is not None
         core = self.core
+        audit = self.node.audit
+        me = self.node_id
         ids: list[int] = []
         total = Effects()
         for m, targets in zip(batch, plan, strict=True):
@@ -208,7 +228,7 @@ class Sender:
                 total.merge(fx)
                 continue
             first: int | None = None
-            for queue, node in targets:
+            for queue, node, binding in targets:
                 if node is None:
                     copy_id, fx = core.deliver_to(
                         queue, m.address, m.body, m.headers, m.persistent, now
@@ -218,14 +238,22 @@ class Sender:
                         node, queue, m.address, m.body, m.headers, m.persistent, now
                     )
                     copy_id = fx.added[-1].msg_id
+                if audit is not None:
+                    decision = took.pop(binding.key, None) if took and binding else None
+                    audit.routed(
+                        copy_id, m.address, m.headers, queue, node or me, binding, decision
+                    )
                 if first is None:
                     first = copy_id
                 total.merge(fx)
             ids.append(first or 0)
         return ids, total
 
-    async def _decide(self, missing: dict[Key, str]) -> dict[Key, Binding]:
-        """Every missing decision, concurrently; GroupingUnavailable if any does not come."""
+    async def _decide(self, missing: dict[Key, str]) -> dict[Key, tuple[Binding, int]]:
+        """Every missing decision and how long it took (ns), concurrently.
+
+        Raises GroupingUnavailable if any does not come.
+        """
         handler = self.node.handler
         cluster = self.node.cluster
         assert handler is not None and cluster is not None
@@ -244,11 +272,16 @@ class Sender:
                 "cluster has exactly one"
             )
         keys = list(missing)
+
+        async def timed(group: str, queue: str) -> tuple[Binding, int]:
+            start = time.perf_counter_ns()
+            binding = await handler.decide(group, queue, missing[(group, queue)])
+            return binding, time.perf_counter_ns() - start
+
         answers = await asyncio.gather(
-            *(handler.decide(group, queue, missing[(group, queue)]) for group, queue in keys),
-            return_exceptions=True,
+            *(timed(group, queue) for group, queue in keys), return_exceptions=True
         )
-        decided: dict[Key, Binding] = {}
+        decided: dict[Key, tuple[Binding, int]] = {}
         for key, answer in zip(keys, answers, strict=True):
             if isinstance(answer, DecisionTimeout | HandlerUnavailable | BindingStoreError):
                 raise GroupingUnavailable(str(answer))

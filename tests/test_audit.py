@@ -10,12 +10,16 @@ from typing import Any
 
 import pytest
 from conftest import NodeProcess, cli, unique
+from test_cluster_send import ME, ScriptedHandler, bind, msg, peers
 
 from broker.audit import MID_HEADER, AuditLog, read_events, segments
 from broker.client import Client
-from broker.config import ConfigError, QueueConfig, parse_config
+from broker.config import ConfigError, NodeConfig, QueueConfig, parse_config
 from broker.core import BrokerCore
+from broker.node import Node
 from broker.queue import Effects
+from cluster.node import ClusterNode
+from handler.api import Binding
 
 AUDIT = {"audit": {"enabled": True, "flush-ms": 20}}
 
@@ -87,30 +91,52 @@ def test_node_events_from_a_real_core(tmp_path: Path) -> None:
     assert any(e["kind"] == "sent" and e["queue"] == "DLQ" for e in events)  # dead-lettered copy
 
 
+def test_a_message_taken_away_unheld_leaves_no_acked_event(tmp_path: Path) -> None:
+    core = BrokerCore(parse_config("node: {id: n1}", "x"))
+    core.create_queue("q", "q", QueueConfig())
+    log = AuditLog(tmp_path, "n1", flush_ms=10).start()
+    log.effects(core.send("q", b"x", {MID_HEADER: "p/1"}, True, 1)[1])
+    log.effects(core.send("q", b"y", {MID_HEADER: "p/2"}, True, 1)[1])
+    log.effects(core.subscribe("q", "c1", "worker", 1, 2))  # holds p/1 only
+    taken, fx = core.take_ungrouped("q")  # ON_DEMAND redistribution takes p/2 away
+    assert [m.headers[MID_HEADER] for m in taken] == ["p/2"] and fx.removed
+    log.effects(fx)
+    log.effects(core.ack("q", "c1", [1], 3))
+    log.close()
+    kinds = [(e["kind"], e["mid"], e.get("consumer")) for e in events_in(tmp_path)]
+    assert kinds == [
+        ("sent", "p/1", None),
+        ("sent", "p/2", None),
+        ("delivered", "p/1", "c1"),
+        ("acked", "p/1", "c1"),
+    ]
+
+
 def test_routed_events_and_rolling_segments(tmp_path: Path) -> None:
     log = AuditLog(tmp_path, "n2", segment_bytes=2000, flush_ms=10).start()
     for i in range(60):
         log.routed(
-            address="orders",
-            group=f"g{i}",
-            queue="orders",
-            node="n1",
-            epoch=3,
-            new_proposal=i % 2 == 0,
-            mid=f"p/{i}",
+            i + 1,
+            "orders",
+            {MID_HEADER: f"p/{i}"},
+            "orders",
+            "n1",
+            Binding(f"g{i}", "orders", "n1", 3),
             decision_ns=1500 if i % 2 == 0 else None,
         )
+    log.routed(None, "orders", {}, "orders", "n3")  # ungrouped: no binding, no proposal
     log.close()
     files = segments(tmp_path)
     assert len(files) > 3 and all(f.stat().st_size <= 2000 for f in files)
     assert [f.name for f in files[:2]] == [f"n2-{log.boot}-0.jsonl", f"n2-{log.boot}-1.jsonl"]
     events = events_in(tmp_path)
-    assert len(events) == 60
+    assert len(events) == 61
     assert events[0] == {
         "ts_ns": events[0]["ts_ns"],
         "node": "n2",
         "epoch": 3,
         "kind": "routed",
+        "msg_id": 1,
         "mid": "p/0",
         "address": "orders",
         "queue": "orders",
@@ -120,7 +146,15 @@ def test_routed_events_and_rolling_segments(tmp_path: Path) -> None:
         "decision_ns": 1500,
         "n": 1,
     }
-    assert "decision_ns" not in events[1]
+    assert events[1]["new_proposal"] is False and "decision_ns" not in events[1]
+    assert {k: v for k, v in events[-1].items() if k != "ts_ns"} == {
+        "node": "n2",
+        "kind": "routed",
+        "address": "orders",
+        "queue": "orders",
+        "target": "orders@n3",
+        "n": 61,
+    }
 
 
 def test_the_reader_skips_a_torn_last_line_and_names_a_malformed_one(tmp_path: Path) -> None:
@@ -130,6 +164,57 @@ def test_the_reader_skips_a_torn_last_line_and_names_a_malformed_one(tmp_path: P
     path.write_text('{"ts_ns":1,"node":"n1","kind":"sent"}\nnot json\n{"ts_ns":3}\n')
     with pytest.raises(ValueError, match=r"n1-1-0.jsonl:2: malformed audit line"):
         list(read_events(path))
+
+
+# ---- the cluster send path ---------------------------------------------------------------
+
+
+async def test_the_send_path_writes_one_routed_event_per_message_and_target_queue(
+    tmp_path: Path,
+) -> None:
+    news = {"orders": {"routing-type": "multicast", "queues": {"orders.a": {}, "orders.b": {}}}}
+    config = NodeConfig.model_validate(
+        {
+            "node": {"id": ME, "data-dir": str(tmp_path / ME)},
+            "cluster": {"address": "orders"},
+            "grouping-handler": {"type": "REMOTE", "address": "orders"},
+            "addresses": news,
+            "audit": {"enabled": True, "dir": str(tmp_path / "audit")},
+        }
+    )
+    node = Node(config)
+    node.cluster = ClusterNode(node)
+    node.handler = handler = ScriptedHandler()
+    assert node.audit is not None
+    node.audit.start()
+    peers(node, {"n2": {"orders": {"orders.a": 1, "orders.b": 1}}})  # only n2 has consumers
+    bind(handler, "known", "orders.a", "n2")
+    bind(handler, "known", "orders.b", ME)
+    batch = [msg("1", "new"), msg("2", "known"), msg("3", "new"), msg("4")]
+    ids, fx = await node.sender.send(batch)
+    node.audit.close()
+    assert sorted(handler.calls) == [("new", "orders.a", "n2"), ("new", "orders.b", "n2")]
+    routed = events_in(tmp_path / "audit")
+    assert [e["msg_id"] for e in routed] == [m.msg_id for m in fx.added]
+    assert ids == [m.msg_id for m in fx.added[::2]]
+    # Each queue of the address is routed on its own; a decision awaited for the batch counts
+    # as a new proposal for the first message it routes, not for the group's later ones.
+    assert [
+        (e["target"], e.get("group"), e.get("epoch"), e.get("new_proposal"), "decision_ns" in e)
+        for e in routed
+    ] == [
+        ("orders.a@n2", "new", 1, True, True),
+        ("orders.b@n2", "new", 1, True, True),
+        ("orders.a@n2", "known", 1, False, False),
+        (f"orders.b@{ME}", "known", 1, False, False),
+        ("orders.a@n2", "new", 1, False, False),
+        ("orders.b@n2", "new", 1, False, False),
+        ("orders.a@n2", None, None, None, False),
+        ("orders.b@n2", None, None, None, False),
+    ]
+    assert {(e["kind"], e["address"], e["node"]) for e in routed} == {("routed", "orders", ME)}
+    assert [e["queue"] for e in routed] == ["orders.a", "orders.b"] * 4
+    assert all(e["decision_ns"] > 0 for e in routed if "decision_ns" in e)
 
 
 # ---- a real node and the client --------------------------------------------------------------
