@@ -18,8 +18,8 @@ Schema (one object per line; a key whose value would be null is left out):
 | --- | --- | --- |
 | `ts_ns` | int | wall clock (ns) when the event happened |
 | `node` | str | node id; for client events the `host:port` the client was connected to |
-| `epoch` | int | `routed` by a group's binding: the arbiter epoch of that binding |
-| `kind` | str | node: `sent` `routed` `delivered` `acked` `released` `rejected`; |
+| `epoch` | int | `routed` by a group's binding, `unbound`: the arbiter epoch of that binding |
+| `kind` | str | node: `sent` `routed` `delivered` `acked` `released` `rejected` `unbound`; |
 | | | client: `client_sent` `client_received` `client_acked` |
 | `msg_id` | int | the message id on that node (a forwarded message gets a new one) |
 | `address`, `queue` | str | where the message was sent / which queue held it |
@@ -30,11 +30,12 @@ Schema (one object per line; a key whose value would be null is left out):
 | `delivery_count` | int | `delivered` / `client_received`: this delivery's count (1 = first) |
 | `mid` | str | end-to-end id `<producer>/<n>` from the `pinmq-mid` header (extension) |
 | `n` | int | the writer's event sequence number, orders events with equal `ts_ns` (extension) |
-| `target` | str | `routed`: chosen `queue@node` (extension) |
+| `target` | str | `routed`: chosen `queue@node`; `unbound`: the binding's (extension) |
 | `new_proposal` | bool | `routed` with a group: this node proposed a route for the group and |
 | | | awaited the decision, as its cache or arbiter did not know it (extension) |
 | `decision_ns` | int | `routed` with a new proposal: time to get the decision (extension) |
 | `consumer_name` | str | client events: the consumer's name (extension) |
+| `reason` | str | `unbound`: `reaped` `unbound` `instance-deleted` `instance-absent` (extension) |
 
 Node events come from the core's `Effects`: `sent` (added), `delivered` (deliveries),
 `acked` (removed while a consumer held it, not dead), `released` (updated: released, or
@@ -43,7 +44,9 @@ attempts). A message forwarded from another node is `sent` on the node that enqu
 `routed` comes from the cluster send path (`AuditLog.routed`): one per message and target
 queue on a clustered address, grouped (`group`, `epoch`, `new_proposal`) or not; the
 message's `sent` follows, in the target queue or in the store-and-forward queue (`$sf.`)
-that carries it to `target`'s node, with the same `msg_id`.
+that carries it to `target`'s node, with the same `msg_id`. `unbound` (an extension) is
+written by the LOCAL node when a binding is removed (`group`, `queue`, `target`, `epoch`,
+`reason`): the group may then be bound again, elsewhere, within the same epoch.
 """
 
 from __future__ import annotations
@@ -67,7 +70,7 @@ SEGMENT_BYTES = 64 * 1024 * 1024
 FLUSH_MS = 100
 BATCH_ENTRIES = 5_000  # wake the writer early once this many entries (or Effects' kinds) wait
 COMMON_CACHE = 200_000  # formatted message keys kept for the message's later events
-NODE_KINDS = ("sent", "routed", "delivered", "acked", "released", "rejected")
+NODE_KINDS = ("sent", "routed", "delivered", "acked", "released", "rejected", "unbound")
 CLIENT_KINDS = ("client_sent", "client_received", "client_acked")
 KINDS = NODE_KINDS + CLIENT_KINDS
 SEGMENT_RE = re.compile(r"^(?P<writer>.+)-(?P<boot>\d+)-(?P<k>\d+)\.jsonl$")
@@ -75,7 +78,7 @@ SEGMENT_RE = re.compile(r"^(?P<writer>.+)-(?P<boot>\d+)-(?P<k>\d+)\.jsonl$")
 # Queue entries: (kind, ts_ns, items) for node events from one Effects (`effects` has the items
 # of each kind), ("routed", ts_ns, (fields of `routed`)), (kind, ts_ns, {key: value}) for the
 # rest (`record`).
-_SENT, _ROUTED, _DELIVERED, _ACKED, _RELEASED, _REJECTED = NODE_KINDS
+_SENT, _ROUTED, _DELIVERED, _ACKED, _RELEASED, _REJECTED, _ = NODE_KINDS
 _enc = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]
 STRINGS_CACHE = 10_000  # JSON forms of names (queues, consumers, groups) kept between batches
 

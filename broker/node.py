@@ -223,6 +223,8 @@ class Node:
             handler.on_removed(self._binding_removed)
             if self.config.grouping_handler.type == "LOCAL":  # type: ignore[union-attr]
                 cluster.on_instances_changed(self._report_instances)
+                if self.audit is not None:
+                    handler.on_removed(self._audit_removal)
         cluster.on_instances_changed(self._topology_changed)
         reconnect_s = cluster.config.reconnect_interval / 1000
         self._quiet_until = time.monotonic() + max(2.0, 4 * reconnect_s)
@@ -254,6 +256,18 @@ class Node:
         except CoreError:
             return  # no such queue or group here
         self.apply(fx)
+
+    def _audit_removal(self, binding: Binding, reason: RemovalReason) -> None:
+        """The LOCAL node's record of a removed binding: the checker then accepts a new one."""
+        assert self.audit is not None
+        self.audit.record(
+            "unbound",
+            epoch=binding.epoch,
+            group=binding.group,
+            queue=binding.queue,
+            target=f"{binding.queue}@{binding.node}",
+            reason=str(reason),
+        )
 
     def _topology_changed(self, topology: Topology) -> None:
         problems = topology.problems()

@@ -28,7 +28,8 @@ def check(directory: str | Path) -> dict[str, int]:
     settled_keys: set[str] = set()
     node_msgs: dict[tuple[str, str], list[tuple[Any, ...]]] = defaultdict(list)
     client_msgs: dict[tuple[str, str], list[tuple[Any, ...]]] = defaultdict(list)
-    routes: dict[tuple[str, str, Any], set[str]] = defaultdict(set)
+    # (queue, group, epoch) -> its routed and unbound events: (ts, n, unbound, target)
+    routes: dict[tuple[Any, ...], list[tuple[int, int, bool, Any]]] = defaultdict(list)
     run_end: dict[tuple[str, int], int] = {}
     for path in files:
         m = _BOOT.search(path.name)
@@ -52,9 +53,10 @@ def check(directory: str | Path) -> dict[str, int]:
                     sent.add(key)
                 elif kind == "client_acked" or (kind in SETTLE and not internal):
                     settled_keys.add(key)
-                if kind == "routed":
+                if kind in ("routed", "unbound"):
                     if e.get("group") is not None:
-                        routes[(e.get("address"), e["group"], e.get("epoch"))].add(e.get("target"))
+                        route = (ts, e.get("n") or 0, kind == "unbound", e.get("target"))
+                        routes[(queue, e["group"], e.get("epoch"))].append(route)
                     continue
                 if internal:
                     continue
@@ -111,5 +113,19 @@ def check(directory: str | Path) -> dict[str, int]:
             mine[consumer] += delta
             total += delta
     counts["exclusivity"] = exclusive
-    counts["routing"] = sum(1 for targets in routes.values() if len(targets) > 1)
+    counts["routing"] = sum(_split_bindings(events) for events in routes.values())
     return counts
+
+
+def _split_bindings(events: list[tuple[int, int, bool, Any]]) -> int:
+    """How many of a group's bindings (the routes between two removals) named two targets."""
+    events.sort()
+    split = 0
+    targets: set[Any] = set()
+    for _, _, unbound, target in events:
+        if unbound:
+            split += len(targets) > 1
+            targets = set()
+        else:
+            targets.add(target)
+    return split + (len(targets) > 1)

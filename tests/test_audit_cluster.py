@@ -183,3 +183,57 @@ async def test_routed_and_sent_events_of_groups_sent_through_remote_and_local_no
     history = nodes.nodes["n1"].data_dir.parent.parent  # holds every node's data dir
     counts = pure.check(history)
     assert counts == dict.fromkeys(("lost", "duplicates", "order", "exclusivity", "routing"), 0)
+
+
+async def test_the_local_node_audits_a_removed_binding_and_the_group_may_bind_again(
+    audited: ClusterNodes,
+) -> None:
+    nodes = audited
+    queue, group = unique("rebound"), unique("g")
+    await create_everywhere(nodes, queue, NODES)
+    first, second, clients = Collector(), Collector(), []
+
+    def message(i: int) -> tuple[str, dict[str, str]]:
+        mid = f"{queue}.{group}/{i}"
+        return mid, {MID_HEADER: mid, GROUP_ID_HEADER: group, GROUP_SEQ_HEADER: str(i)}
+
+    try:
+        await consumers_on(nodes, queue, ["n2"], first, clients)  # the only consumer: n2
+        async with nodes.client("n3") as client:
+            await client.producer(queue).send_batch([message(1)])
+        await first.wait(1)
+        await first.close()
+        await consumers_on(nodes, queue, ["n3"], second, clients)  # now the only one: n3
+        async with nodes.client("n2") as client:
+            assert await client.cluster_reset_group(group, queue) == 1
+            await client.producer(queue).send_batch([message(2)])
+        await second.wait(1)
+        events = await audit_events(nodes, queue, 2)
+    finally:
+        await first.close()
+        await second.close()
+        for client in clients:
+            await client.close()
+
+    unbound = {
+        node_id: [
+            e
+            for e in events_in(node.data_dir / "audit")
+            if e["kind"] == "unbound" and e["group"] == group
+        ]
+        for node_id, node in nodes.nodes.items()
+    }
+    mine = unbound["n1"]  # the LOCAL node's record; REMOTE nodes only follow it
+    assert [(e["queue"], e["target"], e["epoch"], e["reason"]) for e in mine] == [
+        (queue, f"{queue}@n2", 1, "unbound")
+    ]
+    assert unbound["n2"] == unbound["n3"] == []
+    routed = sorted(
+        (e for found in events.values() for e in found if e["kind"] == "routed"),
+        key=lambda e: e["ts_ns"],
+    )
+    assert [e["target"] for e in routed] == [f"{queue}@n2", f"{queue}@n3"]
+    assert routed[0]["ts_ns"] < mine[0]["ts_ns"] < routed[1]["ts_ns"]
+    # Bound again after its removal, in the same epoch: not a routing inconsistency.
+    history = nodes.nodes["n1"].data_dir.parent.parent
+    assert pure.check(history)["routing"] == 0
