@@ -54,19 +54,15 @@ def at(df: DataFrame) -> Column:
     return F.struct(F.col("ts_ns").alias("ts"), F.coalesce("n", F.lit(0)).alias("n"))
 
 
-def runs(events: DataFrame) -> DataFrame:
-    """(node, boot, source, run_end): when each writer run's last event happened."""
-    F = _f()
-    return events.groupBy("node", "boot", "source").agg(F.max("ts_ns").alias("run_end"))
+def consumption(events: DataFrame, node_deliveries: bool) -> DataFrame:
+    """The consumption events checks work on: node events, or client ones if no node's.
 
-
-def consumption(events: DataFrame) -> DataFrame:
-    """The consumption events checks work on: node events, or client ones if no node's."""
+    `node_deliveries`: the history has node `delivered` events on consumer-visible queues.
+    """
     F = _f()
     visible = ~F.col("internal")
-    node = events.filter(F.col("kind").isin(*CONSUMPTION) & visible)
-    if node.filter(F.col("kind") == "delivered").limit(1).count():
-        return node
+    if node_deliveries:
+        return events.filter(F.col("kind").isin(*CONSUMPTION) & visible)
     mapping = F.create_map(*[F.lit(x) for pair in CLIENT_AS_NODE.items() for x in pair])
     client = events.filter(F.col("kind").isin(*CLIENT_AS_NODE) & visible)
     return client.withColumn("kind", mapping[F.col("kind")])
@@ -87,8 +83,8 @@ def per_message(cons: DataFrame, run_ends: DataFrame) -> DataFrame:
     settled = F.min(F.when(F.col("kind").isin(*SETTLE), at(cons))).over(whole)
     delivered = F.when(F.col("kind") == "delivered", 1).otherwise(0)
     with_ctx = cons.select(
-        "ts_ns", "n", "kind", "node", "boot", "key", "msg_id", "queue", "group",
-        "group_seq", "producer", "consumer", "delivery_count",
+        "ts_ns", "n", "kind", "node", "boot", "key", "queue", "group", "group_seq",
+        "producer", "consumer",
         prev.alias("prev"), nxt.alias("next"), settled.alias("settled"),
         (F.sum(delivered).over(w.rowsBetween(W.unboundedPreceding, 0)) == 1).alias("first"),
     )  # fmt: skip
@@ -120,13 +116,23 @@ def per_message(cons: DataFrame, run_ends: DataFrame) -> DataFrame:
 
 
 def lost(events: DataFrame) -> DataFrame:
+    """Confirmed messages never settled, in one aggregation by message (no join, no sort).
+
+    A message sent more than once is reported with its first `client_sent`.
+    """
     F = _f()
-    sent = events.filter(F.col("kind") == "client_sent").dropDuplicates(["key"])
-    settled = events.filter(
-        (F.col("kind").isin(*SETTLE) & ~F.col("internal")) | (F.col("kind") == "client_acked")
-    ).select("key")
-    return sent.join(settled, "key", "left_anti").select(
-        "key", "producer", "address", "group", "group_seq", "msg_id", "node", "ts_ns"
+    sent = F.col("kind") == "client_sent"
+    settles = (F.col("kind").isin(*SETTLE) & ~F.col("internal")) | (F.col("kind") == "client_acked")
+    what = ("producer", "address", "group", "group_seq", "msg_id", "node", "ts_ns")
+    return (
+        events.filter(sent | settles)
+        .groupBy("key")
+        .agg(
+            F.min_by(F.struct(*what), F.when(sent, F.struct("ts_ns", "n"))).alias("sent"),
+            F.max(settles).alias("settled"),
+        )
+        .filter(F.col("sent").isNotNull() & ~F.col("settled"))
+        .select("key", *[F.col(f"sent.{c}").alias(c) for c in what])
     )
 
 
@@ -181,11 +187,13 @@ def exclusivity(deliveries: DataFrame) -> DataFrame:
     ).filter(F.col("ts_ns").isNotNull())  # fmt: skip
     holds = start.unionByName(end)
     rows = W.unboundedPreceding, -1
-    by_consumer = W.partitionBy("queue", "group", "consumer").orderBy("ts_ns", "n", "delta")
     by_group = W.partitionBy("queue", "group").orderBy("ts_ns", "n", "delta")
+    by_consumer = W.partitionBy("queue", "group", "consumer").orderBy("ts_ns", "n", "delta")
+    # The group's window first: its partitioning (queue, group) serves the consumer's too, so
+    # the holds are shuffled once and sorted twice.
     counted = holds.withColumn(
-        "mine", F.coalesce(F.sum("delta").over(by_consumer.rowsBetween(*rows)), F.lit(0))
-    ).withColumn("all", F.coalesce(F.sum("delta").over(by_group.rowsBetween(*rows)), F.lit(0)))
+        "all", F.coalesce(F.sum("delta").over(by_group.rowsBetween(*rows)), F.lit(0))
+    ).withColumn("mine", F.coalesce(F.sum("delta").over(by_consumer.rowsBetween(*rows)), F.lit(0)))
     return counted.filter(
         (F.col("delta") == 1) & (F.col("mine") == 0) & (F.col("all") > 0)
     ).select(
@@ -197,18 +205,36 @@ def exclusivity(deliveries: DataFrame) -> DataFrame:
 def routed_events(events: DataFrame) -> DataFrame:
     F = _f()
     return events.filter(F.col("kind") == "routed").select(
-        "ts_ns", "n", "epoch", "address", "group", "target", "new_proposal", "decision_ns"
+        "ts_ns", "n", "epoch", "address", "queue", "group", "target", "new_proposal",
+        "decision_ns",
+    )  # fmt: skip
+
+
+def routing(routed: DataFrame, events: DataFrame) -> DataFrame:
+    """A group's binding (its routes in one epoch between two of its removals) naming two
+    targets. Keyed like bindings, by (group, queue): multicast copies go to several queues.
+    `unbound` events (the LOCAL node's removals) end one binding of a group and start the next.
+    """
+    F, W = _f(), _w()
+    removals = events.filter(F.col("kind") == "unbound").select(
+        "ts_ns", "n", "epoch", "queue", "group", F.lit(1).alias("removal")
     )
-
-
-def routing(routed: DataFrame) -> DataFrame:
-    F = _f()
+    routes = routed.filter(F.col("group").isNotNull()).select(
+        "ts_ns", "n", "epoch", "queue", "group", "address", "target",
+        F.lit(0).alias("removal"),
+    )  # fmt: skip
+    by_time = W.partitionBy("queue", "group", "epoch").orderBy("ts_ns", "n", "removal")
+    binding = F.sum("removal").over(by_time.rowsBetween(W.unboundedPreceding, 0))
     return (
-        routed.filter(F.col("group").isNotNull())
-        .groupBy("address", "group", "epoch")
+        routes.unionByName(removals, allowMissingColumns=True)
+        .withColumn("binding", binding)
+        .filter(F.col("removal") == 0)
+        .groupBy("queue", "group", "epoch", "binding")
         .agg(
+            F.first("address").alias("address"),
             F.array_sort(F.collect_set("target")).alias("targets"),
             F.count(F.lit(1)).alias("events"),
         )
         .filter(F.size("targets") > 1)
+        .drop("binding")
     )

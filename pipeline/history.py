@@ -1,34 +1,42 @@
 """Reading an audit history (the JSONL segments of broker/audit.py) into one Spark DataFrame.
 
-Every `*.jsonl` file under the directory is read as text and parsed with an explicit schema
-(`SCHEMA`), in one pass that also flags what the checker must report rather than trust:
+Every `*.jsonl` file under the directory is parsed once by Spark's JSON reader with an explicit
+schema (`SCHEMA`) and kept (memory, spilling to disk) for the checks; one aggregation over that
+cache then gives every count the checker reports about its input:
 - malformed lines (not JSON, not an object, or without `ts_ns`, `node` or `kind`) are counted
   and left out, except a torn last line of a file (no final newline: the writer died in the
   middle of it), which is tolerated and counted separately;
-- unknown keys are listed and ignored (the schema only ever grows; an old checker reading a
-  newer history says what it skipped), and so are unknown `kind` values. Keys are looked for
-  in the first `SAMPLE_LINES` lines and the tail of every segment, not in every line.
+- unknown keys are listed (with a file they occur in) and ignored: the schema only ever grows,
+  and an old checker reading a newer history says what it skipped. So are unknown `kind` values.
+
+Unknown keys are found for every line without parsing each line twice (which would cost a
+third of the checker's time): each parsed event gets its `width`, the bytes its known fields
+take in compact JSON. A line is never shorter than that, and any extra key makes it longer, so
+a file whose size is the sum of its lines' widths (plus newlines) has no unknown key. Only the
+files that do not add up (extra keys, but also spaces, escaped characters, malformed lines) are
+read again and their keys listed line by line (`json_object_keys`). The one way a line can be
+shorter than its width, a text field holding a bare number or object where a string belongs,
+is never written by pinmq's writers.
 
 Columns added to the events: `key` (the end-to-end message identity: `mid`, else
 `<node>:<msg_id>`; it replaces `mid`), `boot` (from the segment file name: which run of the
-writer wrote the event, so a node restarted after a crash is told apart from its previous
-run), `source`
-(`node` or `client`) and `internal` (a queue whose name starts with `$`, such as the cluster's
-store-and-forward queues, which no consumer sees).
+writer wrote the event, so a node restarted after a crash is told apart from its previous run),
+`source` (`node` or `client`) and `internal` (a queue whose name starts with `$`, such as the
+cluster's store-and-forward queues, which no consumer sees).
 """
 
 from __future__ import annotations
 
-import itertools
 import json
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from broker.audit import CLIENT_KINDS, KINDS
+from broker.audit import CLIENT_KINDS, KINDS, SEGMENT_RE
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 REQUIRED = ("ts_ns", "node", "kind")
 FIELDS: list[tuple[str, str]] = [
@@ -53,7 +61,7 @@ FIELDS: list[tuple[str, str]] = [
 ]
 KNOWN_KEYS = frozenset(name for name, _ in FIELDS)
 EXAMPLES = 5
-SAMPLE_LINES = 5000  # lines per segment searched for unknown keys (plus its tail)
+FILES_PER_KEY = 3  # files named per unknown key
 
 
 class HistoryError(Exception):
@@ -75,13 +83,23 @@ class History:
     events: DataFrame
     files: int
     table: Any = None  # the cached parse (events plus bad lines); unpersist when done
+    runs: list[tuple[str, int, str, int]] = field(default_factory=list)  # see `run_ends`
     kinds: dict[str, int] = field(default_factory=dict)  # events per known kind
+    visible: dict[str, int] = field(default_factory=dict)  # the same, not on `$` queues
     lines: int = 0
     malformed: int = 0
     torn: int = 0
     malformed_examples: list[str] = field(default_factory=list)
-    unknown_keys: dict[str, int] = field(default_factory=dict)
+    unknown_keys: dict[str, int] = field(default_factory=dict)  # key -> lines with it
+    unknown_key_files: dict[str, list[str]] = field(default_factory=dict)  # key -> files
     unknown_kinds: dict[str, int] = field(default_factory=dict)
+    rechecked: int = 0  # files read a second time, for their keys, as they did not add up
+
+    def run_ends(self) -> DataFrame:
+        """(node, boot, source, run_end): when each writer run's last event happened."""
+        return self.events.sparkSession.createDataFrame(
+            self.runs, "node string, boot long, source string, run_end long"
+        )
 
     def warnings(self) -> list[str]:
         out = []
@@ -93,7 +111,10 @@ class History:
         if self.torn:
             out.append(f"{self.torn} torn last line(s) skipped (a writer died mid-line)")
         if self.unknown_keys:
-            keys = ", ".join(f"{k} ({n})" for k, n in sorted(self.unknown_keys.items()))
+            keys = ", ".join(
+                f"{k} ({n}, in {', '.join(self.unknown_key_files[k])})"
+                for k, n in sorted(self.unknown_keys.items())
+            )
             out.append(f"unknown field(s) ignored: {keys}")
         if self.unknown_kinds:
             kinds = ", ".join(f"{k} ({n})" for k, n in sorted(self.unknown_kinds.items()))
@@ -109,7 +130,9 @@ class History:
             "torn_last_lines": self.torn,
             "malformed_examples": self.malformed_examples,
             "unknown_fields": self.unknown_keys,
+            "unknown_field_files": self.unknown_key_files,
             "unknown_kinds": self.unknown_kinds,
+            "rechecked_files": self.rechecked,
         }
 
 
@@ -151,42 +174,46 @@ def torn_tails(files: list[Path]) -> dict[str, str]:
     return torn
 
 
-def unknown_keys(files: list[Path], lines_per_file: int = SAMPLE_LINES) -> dict[str, int]:
-    """Unknown keys (name -> lines seen with it) in the first lines and the tail of each file.
+def width() -> Column:
+    """Bytes the event's known fields take as compact JSON: `{"k":v,...}` without escapes."""
+    from pyspark.sql import functions as F
 
-    A sample, not every line: a writer writes every line the same way, and parsing each line
-    twice would double the reading cost of the checker.
-    """
-    seen: dict[str, int] = {}
+    total = F.lit(1)  # the braces, less the comma the first field does not need
+    for name, kind in FIELDS:
+        col = F.col(name)
+        if kind == "string":
+            value = F.octet_length(col) + 2
+        elif kind == "long":
+            value = F.octet_length(col.cast("string"))
+        else:
+            value = F.when(col, 4).when(~col, 5)
+        total = total + F.coalesce(value + (len(name) + 4), F.lit(0))  # ,"name":
+    return total
 
-    def scan(raw_lines: list[bytes]) -> None:
-        for raw in raw_lines:
-            try:
-                event = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(event, dict):
-                for key in event.keys() - KNOWN_KEYS:
-                    seen[key] = seen.get(key, 0) + 1
 
-    for path in files:
-        with path.open("rb") as f:
-            head = list(itertools.islice(f, lines_per_file))
-            size = path.stat().st_size
-            tail: list[bytes] = []
-            if f.tell() < size:
-                f.seek(max(f.tell(), size - (1 << 16)))
-                tail = f.read().split(b"\n")[1:]
-        scan(head)
-        scan(tail)
-    return seen
+def unknown_keys(spark: SparkSession, files: list[Path]) -> list[Any]:
+    """(key, lines, files) for every key outside the schema in any line of `files`."""
+    from pyspark.sql import functions as F
+
+    known = F.array(*[F.lit(k) for k in sorted(KNOWN_KEYS)])
+    keys = F.array_except(F.json_object_keys("value"), known)
+    return (
+        spark.read.text([str(p) for p in files])
+        .select(F.col("_metadata.file_name").alias("file"), F.explode(keys).alias("key"))
+        .groupBy("key")
+        .agg(
+            F.count(F.lit(1)).alias("lines"),
+            F.slice(F.array_sort(F.collect_set("file")), 1, FILES_PER_KEY).alias("files"),
+        )
+        .collect()
+    )
 
 
 def load(spark: SparkSession, directory: str | Path) -> History:
     """Read every segment under `directory`; raises HistoryError when nothing is usable.
 
     The parsed events are kept by Spark (memory, spilling to disk) for the checks that follow;
-    call `History.events.unpersist()` when done.
+    call `History.table.unpersist()` when done.
     """
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
@@ -194,7 +221,17 @@ def load(spark: SparkSession, directory: str | Path) -> History:
 
     files = segment_files(directory)
     root = Path(directory).resolve()
-    spark.conf.set("spark.sql.inMemoryColumnarStorage.compressed", "false")  # 2x faster build
+    by_name: dict[str, list[Path]] = defaultdict(list)
+    for path in files:
+        by_name[path.name].append(path)
+    names = sorted(by_name)
+    # The file's index and writer run, by name: a join with this small table per event is
+    # cheaper than taking the name apart per event.
+    segments = spark.createDataFrame(
+        [(name, i, _boot(name)) for i, name in enumerate(names)],
+        "_name string, file int, boot long",
+    )
+    spark.conf.set("spark.sql.inMemoryColumnarStorage.compressed", "false")  # faster build
     raw = (
         spark.read.option("recursiveFileLookup", "true")
         .option("pathGlobFilter", "*.jsonl")
@@ -203,46 +240,83 @@ def load(spark: SparkSession, directory: str | Path) -> History:
         .schema(schema().add(T.StructField("_corrupt", T.StringType())))
         .json(str(root))
     )
+    raw = raw.select("*", F.col("_metadata.file_name").alias("_name")).join(
+        F.broadcast(segments), "_name"
+    )
     bad = F.col("_corrupt").isNotNull()
     for name in REQUIRED:
         bad = bad | F.col(name).isNull()
-    boot = F.regexp_extract(F.col("_metadata.file_name"), r"-(\d+)-\d+\.jsonl$", 1)
     key = F.coalesce(F.col("mid"), F.concat_ws(":", "node", F.col("msg_id").cast("string")))
     table = raw.select(
         *[name for name, _ in FIELDS if name != "mid"],
         key.alias("key"),
-        F.when(boot != "", boot.cast("long")).otherwise(F.lit(0)).alias("boot"),
+        "boot",
+        "file",
         bad.alias("bad"),
         F.when(bad, F.coalesce("_corrupt", F.to_json(F.struct(*[n for n, _ in FIELDS])))).alias(
             "raw"
         ),
-        F.when(bad, F.col("_metadata.file_name")).alias("file"),
+        width().alias("width"),
     ).persist(StorageLevel.MEMORY_AND_DISK)
 
-    counts = table.groupBy("bad", "kind").count().collect()
-    lines = sum(int(r["count"]) for r in counts)
-    bad_count = sum(int(r["count"]) for r in counts if r["bad"])
-    history = History(root, table, files=len(files), lines=lines)
-    history.unknown_kinds = {
-        r["kind"]: int(r["count"]) for r in counts if not r["bad"] and r["kind"] not in KINDS
-    }
-    history.kinds = {
-        r["kind"]: int(r["count"]) for r in counts if not r["bad"] and r["kind"] in KINDS
-    }
-    history.unknown_keys = unknown_keys(files)
-    if bad_count:
+    internal = F.coalesce(F.col("queue").startswith("$"), F.lit(False))
+    cells = (
+        table.groupBy("file", "node", "boot", "bad", "kind")
+        .agg(
+            F.count(F.lit(1)).alias("lines"),
+            F.count(F.when(~internal, 1)).alias("visible"),
+            F.sum(F.col("width") + 1).alias("bytes"),
+            F.max("ts_ns").alias("last"),
+        )
+        .collect()
+    )
+    history = History(root, table, files=len(files), table=table)
+    read: dict[str, int] = defaultdict(int)
+    malformed_in: set[str] = set()
+    runs: dict[tuple[str, int, str], int] = {}
+    for c in cells:
+        name = names[c["file"]]
+        history.lines += c["lines"]
+        read[name] += c["bytes"] or 0
+        if c["bad"]:
+            history.malformed += c["lines"]
+            malformed_in.add(name)
+        elif c["kind"] not in KINDS:
+            history.unknown_kinds[c["kind"]] = history.unknown_kinds.get(c["kind"], 0) + c["lines"]
+        else:
+            history.kinds[c["kind"]] = history.kinds.get(c["kind"], 0) + c["lines"]
+            history.visible[c["kind"]] = history.visible.get(c["kind"], 0) + c["visible"]
+            run = (c["node"], c["boot"], "client" if c["kind"] in CLIENT_KINDS else "node")
+            runs[run] = max(runs.get(run, c["last"]), c["last"])
+    history.runs = [(*run, end) for run, end in sorted(runs.items())]
+
+    # A file adds up when its size is its lines' widths plus their newlines (the last newline
+    # may be missing); the others are read again for their keys.
+    recheck = [
+        path
+        for name, paths in by_name.items()
+        if name in malformed_in
+        or not -len(paths) <= sum(p.stat().st_size for p in paths) - read[name] <= 0
+        for path in paths
+    ]
+    history.rechecked = len(recheck)
+    if recheck:
+        for r in unknown_keys(spark, recheck):
+            history.unknown_keys[r["key"]] = r["lines"]
+            history.unknown_key_files[r["key"]] = r["files"]
+
+    if history.malformed:
         tails = torn_tails(files)
         torn_cond = F.lit(False)
         for name, line in tails.items():
-            torn_cond = torn_cond | ((F.col("file") == name) & (F.col("raw") == line))
+            torn_cond = torn_cond | ((F.col("file") == names.index(name)) & (F.col("raw") == line))
         history.torn = table.filter(F.col("bad") & torn_cond).count() if tails else 0
-        history.malformed = bad_count - history.torn
+        history.malformed -= history.torn
         examples = (
             table.filter(F.col("bad") & ~torn_cond).select("file", "raw").limit(EXAMPLES).collect()
         )
-        history.malformed_examples = [f"{r['file']}: {_clip(r['raw'])}" for r in examples]
-    good = lines - bad_count - sum(history.unknown_kinds.values())
-    if good <= 0:
+        history.malformed_examples = [f"{names[r['file']]}: {_clip(r['raw'])}" for r in examples]
+    if not history.kinds:
         table.unpersist()
         raise HistoryError(
             f"no valid audit events in {len(files)} segment(s) under {root} "
@@ -253,10 +327,14 @@ def load(spark: SparkSession, directory: str | Path) -> History:
         "key",
         "boot",
         F.when(F.col("kind").isin(*CLIENT_KINDS), "client").otherwise("node").alias("source"),
-        F.coalesce(F.col("queue").startswith("$"), F.lit(False)).alias("internal"),
+        internal.alias("internal"),
     )
-    history.table = table
     return history
+
+
+def _boot(name: str) -> int:
+    match = SEGMENT_RE.match(name)
+    return int(match["boot"]) if match else 0
 
 
 def _clip(text: str | None, limit: int = 80) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,14 +55,16 @@ def run(
 ) -> Result:
     """Check the history under `directory` (HistoryError for unusable input)."""
     from pyspark import StorageLevel
+    from pyspark.sql import DataFrame
+    from pyspark.sql import functions as F
 
     started = time.monotonic()
     history = load(spark, directory)
     result = Result(history)
     events = history.events
-    cons = checks.consumption(events)
+    cons = checks.consumption(events, node_deliveries=history.visible.get("delivered", 0) > 0)
     keep = StorageLevel.MEMORY_AND_DISK
-    run_ends = checks.runs(events).persist(keep)
+    run_ends = history.run_ends()
     routed = checks.routed_events(events).persist(keep)
     deliveries = checks.per_message(cons, run_ends).persist(keep)
     found = {
@@ -69,14 +72,22 @@ def run(
         "duplicates": checks.duplicates(deliveries),
         "order": checks.order(deliveries),
         "exclusivity": checks.exclusivity(deliveries),
-        "routing": checks.routing(routed),
+        "routing": checks.routing(routed, events),
     }
-    cached = []
+    cached = [df.persist(keep) for df in found.values()]
+    # One job counts every kind, so Spark runs the checks' independent stages side by side;
+    # examples are fetched only for the kinds that found something.
+    counts = functools.reduce(
+        DataFrame.unionByName,
+        [
+            df.agg(F.count(F.lit(1)).alias("n")).select(F.lit(k).alias("kind"), "n")
+            for k, df in found.items()
+        ],
+    ).collect()
+    result.counts = {kind: 0 for kind in VIOLATIONS} | {r["kind"]: int(r["n"]) for r in counts}
     for kind in VIOLATIONS:
-        df = found[kind].persist(StorageLevel.MEMORY_AND_DISK)
-        cached.append(df)
-        result.counts[kind] = df.count()
-        result.examples[kind] = [r.asDict(recursive=True) for r in df.limit(examples).collect()]
+        rows = found[kind].limit(examples).collect() if result.counts[kind] else []
+        result.examples[kind] = [r.asDict(recursive=True) for r in rows]
     kinds = history.kinds
     if not kinds.get("client_sent"):
         result.notes.append("no client_sent events (clients did not audit): loss not checked")
@@ -84,8 +95,11 @@ def run(
         result.notes.append("no routed events: routing consistency not checked")
     result.events = _example_events(events, result.examples)
     if with_stats:
-        result.stats = {"events": kinds, **stats.compute(events, deliveries, routed, run_ends)}
-    for df in [*cached, deliveries, routed, run_ends]:
+        result.stats = {
+            "events": kinds,
+            **stats.compute(events, deliveries, routed, history.runs),
+        }
+    for df in [*cached, deliveries, routed]:
         df.unpersist()
     history.table.unpersist()
     result.seconds = time.monotonic() - started

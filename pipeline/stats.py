@@ -14,6 +14,7 @@ PERCENTILES = (0.5, 0.9, 0.99, 0.999)
 TIMELINE_BUCKETS = 120
 GAP_BEFORE_S, GAP_AFTER_S = 10.0, 30.0  # where to look for the pause around a failover
 END_S = 1.0  # a node run ending less than this before the last delivery is no failover
+SLICE_NS = 1_000_000_000  # the span around a failover is sorted in slices this long
 
 
 def _skew(values: list[int]) -> float | None:
@@ -30,7 +31,10 @@ def _pct(row: Any, name: str) -> dict[str, Any]:
 
 
 def compute(
-    events: DataFrame, deliveries: DataFrame, routed: DataFrame, run_ends: DataFrame
+    events: DataFrame,
+    deliveries: DataFrame,
+    routed: DataFrame,
+    runs: list[tuple[str, int, str, int]],
 ) -> dict[str, Any]:
     """Everything the summary and report show besides the violations.
 
@@ -148,23 +152,23 @@ def compute(
             series = timeline["series"].setdefault(r["node"], [0] * TIMELINE_BUCKETS)
             series[min(r["b"], TIMELINE_BUCKETS - 1)] += int(r["count"])
     out["timeline"] = timeline
-    out["failovers"] = failover_gaps(deliveries, routed, run_ends)
+    out["failovers"] = failover_gaps(deliveries, routed, runs)
     cells.unpersist()
     return out
 
 
 def failover_gaps(
-    deliveries: DataFrame, routed: DataFrame, run_ends: DataFrame
+    deliveries: DataFrame, routed: DataFrame, runs: list[tuple[str, int, str, int]]
 ) -> list[dict[str, Any]]:
     """Delivery gaps around failovers: a node's run ending while others go on, or a new epoch.
 
     For each such moment, the longest pause between two deliveries (anywhere in the cluster)
-    from `GAP_BEFORE_S` before it to `GAP_AFTER_S` after it.
+    from `GAP_BEFORE_S` before it to `GAP_AFTER_S` after it. `runs`: (node, boot, source,
+    run_end) of every writer run.
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    ends = run_ends.filter(F.col("source") == "node").collect()
     epochs = (
         routed.filter(F.col("epoch").isNotNull())
         .groupBy("epoch")
@@ -178,38 +182,58 @@ def failover_gaps(
     if last is None:
         return []
     moments = [
-        (f"node {r['node']} stopped", r["run_end"])
-        for r in ends
-        if last - r["run_end"] > END_S * 1e9
+        (f"node {node} stopped", end)
+        for node, _, source, end in runs
+        if source == "node" and last - end > END_S * 1e9
     ]
     moments += [(f"epoch {r['epoch']} began", r["at"]) for r in epochs[1:] if r["at"] < last]
     if not moments:
         return []
-    frame = deliveries.sparkSession.createDataFrame(moments, "what string, at long")
+    frame = deliveries.sparkSession.createDataFrame(
+        [(i, at) for i, (_, at) in enumerate(moments)], "moment int, at long"
+    )
+    since = F.col("ts_ns") - (F.col("at") - int(GAP_BEFORE_S * 1e9))
     near = (
         deliveries.select("ts_ns")
         .crossJoin(F.broadcast(frame))
-        .filter(
-            (F.col("ts_ns") >= F.col("at") - int(GAP_BEFORE_S * 1e9))
-            & (F.col("ts_ns") <= F.col("at") + int(GAP_AFTER_S * 1e9))
-        )
+        .filter((since >= 0) & (F.col("ts_ns") <= F.col("at") + int(GAP_AFTER_S * 1e9)))
+        .select("moment", "ts_ns", F.floor(since / SLICE_NS).alias("slice"))
     )
-    w = Window.partitionBy("what", "at").orderBy("ts_ns")
-    gaps = near.select("what", "at", "ts_ns", F.lag("ts_ns").over(w).alias("prev"))
-    found = (
-        gaps.filter(F.col("prev").isNotNull())
-        .groupBy("what", "at")
-        .agg(F.max_by(F.struct("prev", "ts_ns"), F.col("ts_ns") - F.col("prev")).alias("g"))
-        .orderBy("at")
+    # Sorting a moment's deliveries in one task is slow at millions of them: each slice of its
+    # span is sorted apart, and the gaps between slices come from their first and last ones.
+    w = Window.partitionBy("moment", "slice").orderBy("ts_ns")
+    slices = (
+        near.select("moment", "slice", "ts_ns", F.lag("ts_ns").over(w).alias("prev"))
+        .groupBy("moment", "slice")
+        .agg(
+            F.min("ts_ns").alias("lo"),
+            F.max("ts_ns").alias("hi"),
+            F.max_by(F.struct("prev", "ts_ns"), F.col("ts_ns") - F.col("prev")).alias("g"),
+        )
+        .orderBy("moment", "slice")
         .collect()
     )
-    return [
-        {
-            "what": r["what"],
-            "at_ns": r["at"],
-            "gap_from_ns": r["g"]["prev"],
-            "gap_to_ns": r["g"]["ts_ns"],
-            "gap_ms": round((r["g"]["ts_ns"] - r["g"]["prev"]) / 1e6, 3),
-        }
-        for r in found
-    ]
+    gaps: dict[int, list[tuple[int, int]]] = {}
+    hi: dict[int, int] = {}
+    for r in slices:
+        found = gaps.setdefault(r["moment"], [])
+        if r["moment"] in hi:
+            found.append((hi[r["moment"]], r["lo"]))
+        if r["g"] is not None and r["g"]["prev"] is not None:
+            found.append((r["g"]["prev"], r["g"]["ts_ns"]))
+        hi[r["moment"]] = r["hi"]
+    out = []
+    for i, found in gaps.items():
+        if found:
+            start, stop = max(sorted(found), key=lambda g: g[1] - g[0])
+            what, at = moments[i]
+            out.append(
+                {
+                    "what": what,
+                    "at_ns": at,
+                    "gap_from_ns": start,
+                    "gap_to_ns": stop,
+                    "gap_ms": round((stop - start) / 1e6, 3),
+                }
+            )
+    return sorted(out, key=lambda g: g["at_ns"])

@@ -155,6 +155,33 @@ def test_redelivery_after_a_crash_is_neither_a_duplicate_nor_shared(
     assert pure.check(tmp_path) == result.counts
 
 
+def test_routing_is_per_queue_and_a_removed_binding_may_be_replaced(
+    spark: Any, tmp_path: Path
+) -> None:
+    def routed(ts: int, queue: str, target: str) -> dict[str, Any]:
+        return {"ts_ns": ts, "node": "n2", "kind": "routed", "epoch": 1, "address": "news",
+                "queue": queue, "group": "g", "target": f"{queue}@{target}"}  # fmt: skip
+
+    removal = {"ts_ns": 300, "node": "n1", "kind": "unbound", "epoch": 1, "queue": "news.a",
+               "group": "g", "target": "news.a@n2", "reason": "reaped"}  # fmt: skip
+    # Multicast: the group's copies bound on two queues, each to its own node; then news.a's
+    # binding is removed and the group bound again elsewhere.
+    _write(
+        tmp_path / "n2-1-0.jsonl",
+        routed(100, "news.a", "n2"), routed(110, "news.b", "n3"),
+        routed(400, "news.a", "n3"), routed(410, "news.b", "n3"),
+    )  # fmt: skip
+    _write(tmp_path / "n1-1-0.jsonl", removal)
+    assert job.run(spark, tmp_path, with_stats=False).counts["routing"] == 0
+    assert pure.check(tmp_path)["routing"] == 0
+    # Without the removal, news.a's group names two nodes within its one binding.
+    (tmp_path / "n1-1-0.jsonl").unlink()
+    result = job.run(spark, tmp_path, with_stats=False)
+    assert result.counts["routing"] == 1
+    assert result.examples["routing"][0]["targets"] == ["news.a@n2", "news.a@n3"]
+    assert pure.check(tmp_path)["routing"] == 1
+
+
 # ---- bad input ------------------------------------------------------------------------------
 
 
@@ -198,12 +225,43 @@ def test_malformed_lines_a_torn_tail_and_unknown_fields_are_reported_not_fatal(
     assert "warning: 2 malformed line(s) skipped, e.g. " in text
     assert "this is not json" in text
     assert "warning: 1 torn last line(s) skipped" in text
-    assert "warning: unknown field(s) ignored: shard (1)" in text
+    assert f"warning: unknown field(s) ignored: shard (1, in {node_file.name})" in text
     assert "FAIL duplicate deliveries: 1" in text and "verdict: VIOLATIONS (1)" in text
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["input"]["malformed_lines"] == 2 and summary["input"]["torn_last_lines"] == 1
     assert summary["input"]["unknown_fields"] == {"shard": 1}
+    assert summary["input"]["unknown_field_files"] == {"shard": [node_file.name]}
     assert summary["violations"] == {**NONE, "duplicates": 1}
+
+
+def _edit(path: Path, index: int, old: str, new: str) -> None:
+    lines = path.read_text().splitlines(keepends=True)
+    assert old in lines[index]
+    lines[index] = lines[index].replace(old, new, 1)
+    path.write_text("".join(lines))
+
+
+def test_unknown_fields_are_found_in_every_line_not_a_sample(spark: Any, tmp_path: Path) -> None:
+    generate(tmp_path, messages=6000, groups=60)
+    n1, n2 = next(tmp_path.glob("n1-*.jsonl")), next(tmp_path.glob("n2-*.jsonl"))
+    client = next(tmp_path.glob("client-cn3-*.jsonl"))
+    assert len(n1.read_text().splitlines()) == 8000
+    _edit(n1, 6000, '"n":', '"shard":7,"n":')  # past the first 5000 lines, before the tail
+    _edit(client, 1500, '"n":', '"zone":"eu","n":')
+    _edit(client, 1501, '"n":', '"zone":null,"n":')
+    # Lines that are longer than their fields need, without an unknown key: a space, an escape.
+    _edit(n2, 100, '"kind":', '"kind" : ')
+    _edit(n2, 200, '"queue":"orders"', '"queue":"\\u006frders"')
+    result = job.run(spark, tmp_path, with_stats=False)
+    h = result.history
+    assert h.unknown_keys == {"shard": 1, "zone": 2}
+    assert h.unknown_key_files == {"shard": [n1.name], "zone": [client.name]}
+    assert h.rechecked == 3  # only the files whose size is not what their events take
+    assert (
+        f"unknown field(s) ignored: shard (1, in {n1.name}), zone (2, in {client.name})"
+        in h.warnings()
+    )
+    assert h.malformed == 0 and result.counts == NONE
 
 
 def test_the_cli_prints_a_verdict_writes_a_report_and_exits_1_on_violations(
@@ -316,6 +374,8 @@ async def test_a_real_three_node_cluster_history_is_clean(
     result = job.run(spark, history)
     assert result.counts == NONE, result.examples
     assert result.history.malformed == 0 and result.history.torn == 0
+    # Every segment is compact JSON of known fields: no file had to be read twice.
+    assert result.history.rechecked == 0 and result.history.unknown_keys == {}
     kinds = result.stats["events"]
     assert kinds["client_sent"] == groups * per_group
     assert kinds["client_acked"] == groups * per_group
