@@ -6,7 +6,8 @@ delivered, client_received, acked, client_acked) into `--dir` (kept for later ru
 - the Spark job on `--master` (default local[2]): checks only, and checks plus statistics
   (what `pinmq check` runs), in one SparkSession started once (its start is printed apart);
 - `pipeline/pure.py`: the same five checks in one Python process, one pass over the files.
-Every run must find the history clean; the script fails otherwise.
+Every run must find the history clean; the script fails otherwise. The load average is printed
+before and after each size: other work on the machine slows the timings down.
 
 With `--audit-cost` it measures the audit log's cost instead: bench/end_to_end.py's grouped
 persistent scenario (3 consumers, one producer process, real node process), alternately with
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -139,6 +141,7 @@ def main() -> int:
     rows = []
     ok = True
     for path in paths.values():
+        before = os.getloadavg()[0]
         t = time.monotonic()
         checks_only = job.run(spark, path, with_stats=False)
         t_checks = time.monotonic() - t
@@ -153,28 +156,30 @@ def main() -> int:
             ok &= not any(counts.values())
         ok &= checks_only.clean and full.clean
         lines = full.history.lines
-        rows.append((lines, size_of(path), t_checks, t_full, t_pure))
+        load = f"{before:.1f} -> {os.getloadavg()[0]:.1f}"
+        rows.append((lines, size_of(path), t_checks, t_full, t_pure, load))
         print(
             f"{lines:>12,} events: spark checks {t_checks:6.1f} s, checks+stats {t_full:6.1f} s, "
-            + (f"pure Python {t_pure:6.1f} s" if t_pure is not None else "pure Python skipped"),
+            + (f"pure Python {t_pure:6.1f} s" if t_pure is not None else "pure Python skipped")
+            + f" (load average {load})",
             flush=True,
         )
 
     print()
     print(
         "| events | JSON size | Spark checks | Spark checks + stats | pure Python | "
-        "pure / Spark (checks + stats) | Spark µs per event |"
+        "pure / Spark (checks + stats) | Spark µs per event | load average |"
     )
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for lines, size, t_checks, t_full, t_pure in rows:
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for lines, size, t_checks, t_full, t_pure, load in rows:
         ratio = f"{t_pure / t_full:.2f}x" if t_pure else "-"
         pure_s = f"{t_pure:.1f} s" if t_pure else "-"
         print(
             f"| {lines:,} | {size / 1e6:,.0f} MB | {t_checks:.1f} s | {t_full:.1f} s | {pure_s} "
-            f"| {ratio} | {t_full / lines * 1e6:.2f} |"
+            f"| {ratio} | {t_full / lines * 1e6:.2f} | {load} |"
         )
     if len(rows) > 1:
-        (l0, _, _, f0, _), (l1, _, _, f1, _) = rows[0], rows[-1]
+        (l0, _, _, f0, _, _), (l1, _, _, f1, _, _) = rows[0], rows[-1]
         print(f"\ngrowth: {l1 / l0:.1f}x events took {f1 / f0:.1f}x the time (checks + stats)")
     spark.stop()
     if not ok:

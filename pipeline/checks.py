@@ -12,8 +12,8 @@ Definitions (the counts are of the rows returned):
 - lost: a `client_sent` message (the node confirmed it) that no consumer ever acked or
   rejected (no node `acked`/`rejected` on a consumer-visible queue, no `client_acked`).
 - duplicates: a delivery of a message to a queue after an earlier one, where the event
-  before it (for that message in that queue) was not a `released` or `rejected`, and the
-  run of the node that made the earlier delivery had not ended (a crash loses consumers).
+  before it (for that message in that queue) was not a `released` or `rejected`, nor written
+  by another node run that had ended before this delivery (a crash loses consumers).
 - order violations: a message whose processing (its first ack or reject) came before that of
   the message just before it in its group (same queue, group and producer, by `group_seq`,
   messages with a positive sequence only). A predecessor never settled is reported as lost,
@@ -21,7 +21,9 @@ Definitions (the counts are of the rows returned):
 - exclusivity violations: a consumer starting to hold unacknowledged messages of a group
   (a delivery while it held none of that group) while another consumer held some. A hold
   ends with the message's next event (acked, released, rejected) or with its node's run.
-- routing: a (group, arbiter epoch) whose `routed` events name more than one queue@node.
+- routing: a group's binding whose `routed` events name more than one queue@node. A binding
+  is the group's routes to one queue in one arbiter epoch, split at the LOCAL node's
+  `unbound` events for it (after a removal the group may be bound again, elsewhere).
 """
 
 from __future__ import annotations
@@ -71,21 +73,23 @@ def consumption(events: DataFrame, node_deliveries: bool) -> DataFrame:
 def per_message(cons: DataFrame, run_ends: DataFrame) -> DataFrame:
     """Deliveries with what came before and after them for the same message in its queue.
 
-    One window pass (one sort) feeds the duplicate, order and exclusivity checks: `prev` and
-    `next` are the events either side, `settled` the message's first ack or reject in that
+    One window pass (one sort) feeds the duplicate, order and exclusivity checks: `prev_*` and
+    `next_*` are the events either side, `settled` the message's first ack or reject in that
     queue (as `at`), and `first` marks its first delivery.
     """
     F, W = _f(), _w()
     w = W.partitionBy("queue", "key").orderBy("ts_ns", "n")
     whole = w.rowsBetween(W.unboundedPreceding, W.unboundedFollowing)
-    prev = F.lag(F.struct("kind", "node", "boot", "ts_ns")).over(w)
-    nxt = F.lead(F.struct("kind", "ts_ns", "n")).over(w)
     settled = F.min(F.when(F.col("kind").isin(*SETTLE), at(cons))).over(whole)
     delivered = F.when(F.col("kind") == "delivered", 1).otherwise(0)
+    # One lag or lead per column, not of a struct: Spark builds a window function's input
+    # before the shuffle, and a struct would ship those columns twice.
     with_ctx = cons.select(
         "ts_ns", "n", "kind", "node", "boot", "key", "queue", "group", "group_seq",
         "producer", "consumer",
-        prev.alias("prev"), nxt.alias("next"), settled.alias("settled"),
+        *[F.lag(c).over(w).alias(f"prev_{c}") for c in ("kind", "node", "boot", "ts_ns")],
+        *[F.lead(c).over(w).alias(f"next_{c}") for c in ("kind", "ts_ns", "n")],
+        settled.alias("settled"),
         (F.sum(delivered).over(w.rowsBetween(W.unboundedPreceding, 0)) == 1).alias("first"),
     )  # fmt: skip
     deliveries = with_ctx.filter(F.col("kind") == "delivered")
@@ -103,7 +107,7 @@ def per_message(cons: DataFrame, run_ends: DataFrame) -> DataFrame:
     return (
         deliveries.join(
             F.broadcast(prev_runs),
-            (F.col("prev.node") == F.col("p_node")) & (F.col("prev.boot") == F.col("p_boot")),
+            (F.col("prev_node") == F.col("p_node")) & (F.col("prev_boot") == F.col("p_boot")),
             "left",
         )
         .join(
@@ -116,36 +120,40 @@ def per_message(cons: DataFrame, run_ends: DataFrame) -> DataFrame:
 
 
 def lost(events: DataFrame) -> DataFrame:
-    """Confirmed messages never settled, in one aggregation by message (no join, no sort).
-
-    A message sent more than once is reported with its first `client_sent`.
-    """
+    """The keys of confirmed messages never settled: one aggregation by key, no join or sort."""
     F = _f()
     sent = F.col("kind") == "client_sent"
     settles = (F.col("kind").isin(*SETTLE) & ~F.col("internal")) | (F.col("kind") == "client_acked")
-    what = ("producer", "address", "group", "group_seq", "msg_id", "node", "ts_ns")
     return (
         events.filter(sent | settles)
         .groupBy("key")
-        .agg(
-            F.min_by(F.struct(*what), F.when(sent, F.struct("ts_ns", "n"))).alias("sent"),
-            F.max(settles).alias("settled"),
-        )
-        .filter(F.col("sent").isNotNull() & ~F.col("settled"))
+        .agg(F.max(sent).alias("sent"), F.max(settles).alias("settled"))
+        .filter(F.col("sent") & ~F.col("settled"))
+        .select("key")
+    )
+
+
+def lost_details(events: DataFrame, keys: DataFrame) -> DataFrame:
+    """The lost messages `keys` (a few) with the fields of their first `client_sent`."""
+    F = _f()
+    what = ("producer", "address", "group", "group_seq", "msg_id", "node", "ts_ns")
+    sent = events.filter(F.col("kind") == "client_sent").join(F.broadcast(keys), "key")
+    return (
+        sent.groupBy("key")
+        .agg(F.min_by(F.struct(*what), F.struct("ts_ns", "n")).alias("sent"))
         .select("key", *[F.col(f"sent.{c}").alias(c) for c in what])
     )
 
 
 def duplicates(deliveries: DataFrame) -> DataFrame:
     F = _f()
-    prev = F.col("prev")
-    legit = prev.kind.isin("released", "rejected") | (
-        ((prev.node != F.col("node")) | (prev.boot != F.col("boot")))
+    legit = F.col("prev_kind").isin("released", "rejected") | (
+        ((F.col("prev_node") != F.col("node")) | (F.col("prev_boot") != F.col("boot")))
         & (F.col("p_end") < F.col("ts_ns"))
     )
-    return deliveries.filter(prev.isNotNull() & ~legit).select(
+    return deliveries.filter(F.col("prev_kind").isNotNull() & ~legit).select(
         "key", "queue", "group", "group_seq", "consumer", "node", "ts_ns",
-        F.col("prev.kind").alias("previous_event"), F.col("prev.ts_ns").alias("previous_ts_ns"),
+        F.col("prev_kind").alias("previous_event"), F.col("prev_ts_ns").alias("previous_ts_ns"),
     )  # fmt: skip
 
 
@@ -175,14 +183,14 @@ def order(deliveries: DataFrame) -> DataFrame:
 def exclusivity(deliveries: DataFrame) -> DataFrame:
     F, W = _f(), _w()
     grouped = deliveries.filter(F.col("group").isNotNull() & F.col("consumer").isNotNull())
-    ends = F.col("next").kind.isin("acked", "released", "rejected")
+    ends = F.col("next_kind").isin("acked", "released", "rejected")
     start = grouped.select(
         "queue", "group", "consumer", "key", "node", "ts_ns", "n", F.lit(1).alias("delta")
     )
     end = grouped.select(
         "queue", "group", "consumer", "key", "node",
-        F.when(ends, F.col("next.ts_ns")).otherwise(F.col("o_end")).alias("ts_ns"),
-        F.when(ends, F.col("next.n")).otherwise(F.lit(1 << 62)).alias("n"),
+        F.when(ends, F.col("next_ts_ns")).otherwise(F.col("o_end")).alias("ts_ns"),
+        F.when(ends, F.col("next_n")).otherwise(F.lit(1 << 62)).alias("n"),
         F.lit(-1).alias("delta"),
     ).filter(F.col("ts_ns").isNotNull())  # fmt: skip
     holds = start.unionByName(end)
@@ -210,26 +218,32 @@ def routed_events(events: DataFrame) -> DataFrame:
     )  # fmt: skip
 
 
-def routing(routed: DataFrame, events: DataFrame) -> DataFrame:
+def routing(routed: DataFrame, events: DataFrame, unbound: bool) -> DataFrame:
     """A group's binding (its routes in one epoch between two of its removals) naming two
     targets. Keyed like bindings, by (group, queue): multicast copies go to several queues.
-    `unbound` events (the LOCAL node's removals) end one binding of a group and start the next.
+    `unbound` events (the LOCAL node's removals) end one binding of a group and start the next;
+    without any (`unbound` false) a binding is a (group, queue, epoch), and no sort is needed.
     """
     F, W = _f(), _w()
-    removals = events.filter(F.col("kind") == "unbound").select(
-        "ts_ns", "n", "epoch", "queue", "group", F.lit(1).alias("removal")
-    )
     routes = routed.filter(F.col("group").isNotNull()).select(
         "ts_ns", "n", "epoch", "queue", "group", "address", "target",
         F.lit(0).alias("removal"),
     )  # fmt: skip
-    by_time = W.partitionBy("queue", "group", "epoch").orderBy("ts_ns", "n", "removal")
-    binding = F.sum("removal").over(by_time.rowsBetween(W.unboundedPreceding, 0))
+    if unbound:
+        removals = events.filter(F.col("kind") == "unbound").select(
+            "ts_ns", "n", "epoch", "queue", "group", F.lit(1).alias("removal")
+        )
+        by_time = W.partitionBy("queue", "group", "epoch").orderBy("ts_ns", "n", "removal")
+        binding = F.sum("removal").over(by_time.rowsBetween(W.unboundedPreceding, 0))
+        routes = (
+            routes.unionByName(removals, allowMissingColumns=True)
+            .withColumn("binding", binding)
+            .filter(F.col("removal") == 0)
+        )
+    else:
+        routes = routes.withColumn("binding", F.lit(0))
     return (
-        routes.unionByName(removals, allowMissingColumns=True)
-        .withColumn("binding", binding)
-        .filter(F.col("removal") == 0)
-        .groupBy("queue", "group", "epoch", "binding")
+        routes.groupBy("queue", "group", "epoch", "binding")
         .agg(
             F.first("address").alias("address"),
             F.array_sort(F.collect_set("target")).alias("targets"),

@@ -58,6 +58,7 @@ FIELDS: list[tuple[str, str]] = [
     ("new_proposal", "boolean"),
     ("decision_ns", "long"),
     ("consumer_name", "string"),
+    ("reason", "string"),
 ]
 KNOWN_KEYS = frozenset(name for name, _ in FIELDS)
 EXAMPLES = 5

@@ -72,7 +72,7 @@ def run(
         "duplicates": checks.duplicates(deliveries),
         "order": checks.order(deliveries),
         "exclusivity": checks.exclusivity(deliveries),
-        "routing": checks.routing(routed, events),
+        "routing": checks.routing(routed, events, unbound=history.kinds.get("unbound", 0) > 0),
     }
     cached = [df.persist(keep) for df in found.values()]
     # One job counts every kind, so Spark runs the checks' independent stages side by side;
@@ -86,7 +86,10 @@ def run(
     ).collect()
     result.counts = {kind: 0 for kind in VIOLATIONS} | {r["kind"]: int(r["n"]) for r in counts}
     for kind in VIOLATIONS:
-        rows = found[kind].limit(examples).collect() if result.counts[kind] else []
+        listed = found[kind].limit(examples)
+        if kind == "lost":  # counted by key alone; the details only for those listed
+            listed = checks.lost_details(events, listed)
+        rows = listed.collect() if result.counts[kind] else []
         result.examples[kind] = [r.asDict(recursive=True) for r in rows]
     kinds = history.kinds
     if not kinds.get("client_sent"):

@@ -19,7 +19,7 @@ TITLES = {
     "duplicates": "Duplicate deliveries (no release, reject or consumer loss before them)",
     "order": "Order violations (processed before the message before it in its group)",
     "exclusivity": "Exclusivity violations (a second consumer holding a group's messages)",
-    "routing": "Routing inconsistencies (a group routed to two queue@node in one epoch)",
+    "routing": "Routing inconsistencies (a group routed to two queue@node in one binding)",
 }
 _CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222;padding:0 1em}

@@ -61,11 +61,15 @@ def compute(
             F.sum("messages").alias("messages"),
             F.countDistinct("queue", "group").alias("groups"),
             F.countDistinct("consumer").alias("consumers"),
+            F.min("lo").alias("lo"),
+            F.max("hi").alias("hi"),
         )
         .orderBy("node")
         .collect()
     )
-    out["per_node"] = [r.asDict() for r in per_node]
+    out["per_node"] = [
+        {k: v for k, v in r.asDict().items() if k not in ("lo", "hi")} for r in per_node
+    ]
     names = (
         events.filter(F.col("consumer_name").isNotNull() & (F.col("kind") == "client_received"))
         .groupBy("consumer")
@@ -142,12 +146,13 @@ def compute(
         ],
     }
 
-    span = cells.agg(F.min("lo").alias("lo"), F.max("hi").alias("hi")).first()
-    timeline: dict[str, Any] = {"start_ns": span["lo"], "end_ns": span["hi"], "series": {}}
-    if span["lo"] is not None:
-        width = max(1, (span["hi"] - span["lo"]) // TIMELINE_BUCKETS + 1)
+    lo = min((r["lo"] for r in per_node), default=None)
+    hi = max((r["hi"] for r in per_node), default=None)
+    timeline: dict[str, Any] = {"start_ns": lo, "end_ns": hi, "series": {}}
+    if lo is not None and hi is not None:
+        width = max(1, (hi - lo) // TIMELINE_BUCKETS + 1)
         timeline["bucket_ns"] = width
-        b = ((F.col("ts_ns") - F.lit(span["lo"])) / width).cast("long")
+        b = ((F.col("ts_ns") - F.lit(lo)) / width).cast("long")
         for r in first.groupBy("node", b.alias("b")).count().collect():
             series = timeline["series"].setdefault(r["node"], [0] * TIMELINE_BUCKETS)
             series[min(r["b"], TIMELINE_BUCKETS - 1)] += int(r["count"])
