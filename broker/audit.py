@@ -6,7 +6,9 @@ appends a tuple of references to a deque (one per kind of event of a core call);
 thread formats everything queued since its last turn (every `flush_ms`, or sooner once
 `BATCH_ENTRIES` are waiting) and writes it as whole lines with one `write` per batch. A crash
 loses at most the events not yet written; lines already written stay intact. A torn last line
-(power loss, full disk) is skipped by readers.
+(power loss, full disk) is skipped by readers. A failed write (a full disk) drops that batch,
+is logged and counted in `dropped`, and never takes the node down; a line it cut short stays
+the last line of its segment, as writing goes on in a new one.
 
 Files: `<dir>/<writer>-<boot ns>-<k>.jsonl`, a new `k` once a segment reaches `segment_bytes`;
 `writer` is the node id (or the client's audit name) and `boot` the writer's start time, so a
@@ -27,7 +29,8 @@ Schema (one object per line; a key whose value would be null is left out):
 | | | `routed`: the group key whose binding chose the target (absent: ungrouped) |
 | `producer` | str | producer id of an auditing client (from `mid`) |
 | `consumer` | str | consumer id (as assigned by the node) |
-| `delivery_count` | int | `delivered` / `client_received`: this delivery's count (1 = first) |
+| `delivery_count` | int | `delivered` / `client_received`: this delivery's count (1 = first); |
+| | | `released` / `rejected`: the deliveries the message had had |
 | `mid` | str | end-to-end id `<producer>/<n>` from the `pinmq-mid` header (extension) |
 | `n` | int | the writer's event sequence number, orders events with equal `ts_ns` (extension) |
 | `target` | str | `routed`: chosen `queue@node`; `unbound`: the binding's (extension) |
@@ -61,9 +64,13 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from broker import logs
+
 if TYPE_CHECKING:
     from broker.queue import Effects
     from handler.arbiter import Binding
+
+log = logs.get("audit")
 
 MID_HEADER = "pinmq-mid"
 SEGMENT_BYTES = 64 * 1024 * 1024
@@ -116,6 +123,7 @@ class AuditLog:
         self.segment_bytes = segment_bytes
         self.flush_s = flush_ms / 1000
         self.written = 0  # events written so far
+        self.dropped = 0  # events lost to failed writes
         self._queue: deque[tuple[Any, ...]] = deque()
         self._wake = threading.Event()
         self._stop = False
@@ -128,7 +136,8 @@ class AuditLog:
         self._json = _Json()
         self._common: dict[int, tuple[Any, str]] = {}  # id(message) -> (message, its keys)
         self._node_json = _enc(self.node)
-        self.error: BaseException | None = None
+        self._torn = False  # a failed write cut a line short: go on in a new segment
+        self.error: BaseException | None = None  # the last write's failure, until one succeeds
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -226,6 +235,9 @@ class AuditLog:
             try:
                 self._flush()
             except Exception as err:  # a full disk must not take the node down: keep the error
+                if self.error is None or str(err) != str(self.error):
+                    log.error("audit write failed", dir=str(self.dir), error=str(err),
+                              dropped=self.dropped)  # fmt: skip
                 self.error = err
                 time.sleep(self.flush_s)
 
@@ -236,11 +248,19 @@ class AuditLog:
             return
         lines = self._lines(q, count)
         data = "".join(lines).encode()
-        if self._size + len(data) > self.segment_bytes:
-            self._write_split(lines)
-        else:
-            self._write(data)
-        self.written += len(lines)
+        fits = self._size + len(data) <= self.segment_bytes
+        left = len(lines)
+        for chunk, n in [(data, left)] if fits else self._chunks(lines):
+            try:
+                self._write(chunk)
+            except Exception:
+                self.dropped += left
+                raise
+            self.written += n
+            left -= n
+        if self.error is not None:
+            log.warning("audit writing resumed", dir=str(self.dir), dropped=self.dropped)
+            self.error = None
 
     def _lines(self, q: deque[tuple[Any, ...]], count: int) -> list[str]:
         """Format the first `count` queue entries: the audit log's cost per event.
@@ -314,27 +334,36 @@ class AuditLog:
         self._n = n
         return lines
 
-    def _write_split(self, lines: list[str]) -> None:
+    def _chunks(self, lines: list[str]) -> list[tuple[bytes, int]]:
+        """`lines` cut where a segment fills up: (bytes, lines) per segment, `_write` rolls."""
+        chunks: list[tuple[bytes, int]] = []
         chunk: list[bytes] = []
         size = self._size
         for line in lines:
             raw = line.encode()
             if size + len(raw) > self.segment_bytes and size > 0:
                 if chunk:
-                    self._write(b"".join(chunk))
+                    chunks.append((b"".join(chunk), len(chunk)))
                     chunk = []
-                self._roll()
                 size = 0
             chunk.append(raw)
             size += len(raw)
         if chunk:
-            self._write(b"".join(chunk))
+            chunks.append((b"".join(chunk), len(chunk)))
+        return chunks
 
     def _write(self, data: bytes) -> None:
-        if self._size > 0 and self._size + len(data) > self.segment_bytes:
+        if self._torn or (self._size > 0 and self._size + len(data) > self.segment_bytes):
             self._roll()
-        os.write(self._file.fileno(), data)  # whole lines, one system call
-        self._size += len(data)
+        view = memoryview(data)
+        try:
+            while view:  # whole lines, one system call unless the disk fills up
+                written = os.write(self._file.fileno(), view)
+                view = view[written:]
+                self._size += written
+        except OSError:
+            self._torn = len(view) < len(data)  # a cut line must stay its segment's last
+            raise
 
     def _open(self) -> None:
         name = f"{self.writer}-{self.boot}-{self._segment}.jsonl"
@@ -345,6 +374,7 @@ class AuditLog:
         self._file.close()
         self._segment += 1
         self._open()
+        self._torn = False
 
     def _other_line(self, kind: str, ts: int, fields: Any, n: int) -> str:
         """A `record` event (a dict) or a `routed` one (fields as `routed` queued them)."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 import signal
 import time
 from pathlib import Path
@@ -10,8 +12,10 @@ from typing import Any
 
 import pytest
 from conftest import NodeProcess, cli, unique
+from structlog.testing import capture_logs
 from test_cluster_send import ME, ScriptedHandler, bind, msg, peers
 
+from broker import audit as audit_module
 from broker.audit import MID_HEADER, AuditLog, read_events, segments
 from broker.client import Client
 from broker.config import ConfigError, NodeConfig, QueueConfig, parse_config
@@ -164,6 +168,57 @@ def test_the_reader_skips_a_torn_last_line_and_names_a_malformed_one(tmp_path: P
     path.write_text('{"ts_ns":1,"node":"n1","kind":"sent"}\nnot json\n{"ts_ns":3}\n')
     with pytest.raises(ValueError, match=r"n1-1-0.jsonl:2: malformed audit line"):
         list(read_events(path))
+
+
+def test_a_full_disk_drops_its_batch_and_writing_goes_on_in_a_new_segment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk fills up in the middle of a batch: the line it cut stays the last line of its
+    segment (readers skip it), the lost events are counted and logged, and the writer goes on
+    in a new segment once space is back, without the node noticing."""
+    real_write = os.write
+    disk = {"room": None}  # bytes left, None: unlimited
+
+    def write(fd: int, data: Any) -> int:
+        room = disk["room"]
+        if room is None:
+            return real_write(fd, data)
+        if room == 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        disk["room"] = max(0, room - len(data))
+        return real_write(fd, bytes(data[:room]))
+
+    monkeypatch.setattr(audit_module.os, "write", write)
+    log = AuditLog(tmp_path, "n1", flush_ms=10).start()
+
+    def wait(done: Any) -> None:
+        deadline = time.monotonic() + 10
+        while not done() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    with capture_logs() as logged:
+        for i in range(3):
+            log.record("client_sent", msg_id=i, address="a")
+        wait(lambda: log.written == 3)
+        disk["room"] = 20
+        for i in range(3, 5):
+            log.record("client_sent", msg_id=i, address="a")
+        wait(lambda: log.dropped == 2)
+        assert isinstance(log.error, OSError) and log.written == 3
+        disk["room"] = None
+        for i in range(5, 7):
+            log.record("client_sent", msg_id=i, address="a")
+        wait(lambda: log.written == 5)
+        log.close()
+    assert log.error is None and log.dropped == 2
+    first, second = segments(tmp_path)
+    assert first.read_bytes().count(b"\n") == 3 and not first.read_bytes().endswith(b"\n")
+    assert [e["msg_id"] for e in read_events(first)] == [0, 1, 2]  # the cut line is skipped
+    assert [e["msg_id"] for e in read_events(second)] == [5, 6]
+    failed = [e for e in logged if e["event"] == "audit write failed"]
+    assert len(failed) == 1 and failed[0]["log_level"] == "error" and failed[0]["dropped"] == 2
+    assert "No space left" in failed[0]["error"]
+    assert [e["dropped"] for e in logged if e["event"] == "audit writing resumed"] == [2]
 
 
 # ---- the cluster send path ---------------------------------------------------------------
