@@ -156,7 +156,7 @@ class AuditLog:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        self._flush()
+        self._flush_or_log()
         if self._file is not None:
             self._file.close()
             self._file = None
@@ -232,14 +232,20 @@ class AuditLog:
         while not self._stop:
             self._wake.wait(self.flush_s)
             self._wake.clear()
-            try:
-                self._flush()
-            except Exception as err:  # a full disk must not take the node down: keep the error
-                if self.error is None or str(err) != str(self.error):
-                    log.error("audit write failed", dir=str(self.dir), error=str(err),
-                              dropped=self.dropped)  # fmt: skip
-                self.error = err
+            if not self._flush_or_log():
                 time.sleep(self.flush_s)
+
+    def _flush_or_log(self) -> bool:
+        """Flush; a failure (a full disk) must not take the node down: log it, keep the error."""
+        try:
+            self._flush()
+        except Exception as err:
+            if self.error is None or str(err) != str(self.error):
+                log.error("audit write failed", dir=str(self.dir), error=str(err),
+                          dropped=self.dropped)  # fmt: skip
+            self.error = err
+            return False
+        return True
 
     def _flush(self) -> None:
         q = self._queue
