@@ -5,6 +5,7 @@ Computed with Spark aggregations; only the (small) aggregated results are collec
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -39,12 +40,14 @@ def compute(
     """Everything the summary and report show besides the violations.
 
     `deliveries` and `routed` come from the job (cached); the heavy part is one aggregation of
-    first deliveries per (node, consumer, queue, group), which everything else derives from.
+    first deliveries per (node, consumer, queue, group), which the distributions derive from.
+    The statistics are a dozen small Spark jobs: once that aggregation is cached they are
+    submitted side by side from threads, so that one job's scheduling and few-task stages
+    overlap the others' work (at 10M events, 7.4 s instead of 7.9 s).
     """
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    out: dict[str, Any] = {}
     first = deliveries.filter(F.col("first"))
     cells = (
         first.groupBy("node", "consumer", "queue", "group")
@@ -67,9 +70,36 @@ def compute(
         .orderBy("node")
         .collect()
     )
-    out["per_node"] = [
-        {k: v for k, v in r.asDict().items() if k not in ("lo", "hi")} for r in per_node
-    ]
+    with ThreadPoolExecutor(max_workers=6, thread_name_prefix="stats") as pool:
+        consumers = pool.submit(_per_consumer, events, cells)
+        sizes = pool.submit(_group_sizes, cells)
+        latency = pool.submit(_decision_latency, routed)
+        timeline = pool.submit(_timeline, first, per_node)
+        failovers = pool.submit(failover_gaps, deliveries, routed, runs)
+        per_consumer = consumers.result()
+        out: dict[str, Any] = {
+            "per_node": [
+                {k: v for k, v in r.asDict().items() if k not in ("lo", "hi")} for r in per_node
+            ],
+            "per_consumer": per_consumer,
+            "skew": {
+                "messages_per_node": _skew([r["messages"] for r in per_node]),
+                "groups_per_node": _skew([r["groups"] for r in per_node]),
+                "messages_per_consumer": _skew([r["messages"] for r in per_consumer]),
+                "groups_per_consumer": _skew([r["groups"] for r in per_consumer]),
+            },
+            "group_sizes": sizes.result(),
+            "decision_latency_ms": latency.result(),
+            "timeline": timeline.result(),
+            "failovers": failovers.result(),
+        }
+    cells.unpersist()
+    return out
+
+
+def _per_consumer(events: DataFrame, cells: DataFrame) -> list[dict[str, Any]]:
+    from pyspark.sql import functions as F
+
     names = (
         events.filter(F.col("consumer_name").isNotNull() & (F.col("kind") == "client_received"))
         .groupBy("consumer")
@@ -84,13 +114,12 @@ def compute(
         .orderBy("node", "consumer")
         .collect()
     )
-    out["per_consumer"] = [{**r.asDict(), "name": name_of.get(r["consumer"])} for r in per_consumer]
-    out["skew"] = {
-        "messages_per_node": _skew([r["messages"] for r in per_node]),
-        "groups_per_node": _skew([r["groups"] for r in per_node]),
-        "messages_per_consumer": _skew([r["messages"] for r in per_consumer]),
-        "groups_per_consumer": _skew([r["groups"] for r in per_consumer]),
-    }
+    return [{**r.asDict(), "name": name_of.get(r["consumer"])} for r in per_consumer]
+
+
+def _group_sizes(cells: DataFrame) -> dict[str, Any]:
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
 
     sizes = (
         cells.filter(F.col("group").isNotNull())
@@ -108,7 +137,8 @@ def compute(
     histogram = (
         sizes.groupBy(F.floor(F.log2("size")).cast("int").alias("b")).count().orderBy("b").collect()
     )
-    out["group_sizes"] = {
+    sizes.unpersist()
+    return {
         "groups": int(size_row["groups"]),
         "min": size_row["min"],
         "max": size_row["max"],
@@ -119,20 +149,22 @@ def compute(
             for r in histogram
         ],
     }
-    sizes.unpersist()
+
+
+def _decision_latency(routed: DataFrame) -> dict[str, Any]:
+    from pyspark.sql import functions as F
 
     decisions = routed.filter(F.col("new_proposal") & F.col("decision_ns").isNotNull()).select(
         (F.col("decision_ns") / 1e6).alias("ms")
     )
     bucket = F.floor(F.log2(F.greatest("ms", F.lit(0.001))) * 2).cast("int")
-    lat_rows = decisions.groupBy(bucket.alias("b")).count()
     lat = decisions.agg(
         F.count(F.lit(1)).alias("count"),
         F.max("ms").alias("max"),
         F.percentile_approx("ms", list(PERCENTILES), 10000).alias("pct"),
     ).first()
-    lat_hist = lat_rows.orderBy("b").collect()
-    out["decision_latency_ms"] = {
+    lat_hist = decisions.groupBy(bucket.alias("b")).count().orderBy("b").collect()
+    return {
         "count": int(lat["count"]),
         "max": lat["max"],
         **_pct(lat, "pct"),
@@ -146,20 +178,23 @@ def compute(
         ],
     }
 
+
+def _timeline(first: DataFrame, per_node: list[Any]) -> dict[str, Any]:
+    """First deliveries per node in `TIMELINE_BUCKETS` slices of the run."""
+    from pyspark.sql import functions as F
+
     lo = min((r["lo"] for r in per_node), default=None)
     hi = max((r["hi"] for r in per_node), default=None)
     timeline: dict[str, Any] = {"start_ns": lo, "end_ns": hi, "series": {}}
-    if lo is not None and hi is not None:
-        width = max(1, (hi - lo) // TIMELINE_BUCKETS + 1)
-        timeline["bucket_ns"] = width
-        b = ((F.col("ts_ns") - F.lit(lo)) / width).cast("long")
-        for r in first.groupBy("node", b.alias("b")).count().collect():
-            series = timeline["series"].setdefault(r["node"], [0] * TIMELINE_BUCKETS)
-            series[min(r["b"], TIMELINE_BUCKETS - 1)] += int(r["count"])
-    out["timeline"] = timeline
-    out["failovers"] = failover_gaps(deliveries, routed, runs)
-    cells.unpersist()
-    return out
+    if lo is None or hi is None:
+        return timeline
+    width = max(1, (hi - lo) // TIMELINE_BUCKETS + 1)
+    timeline["bucket_ns"] = width
+    b = ((F.col("ts_ns") - F.lit(lo)) / width).cast("long")
+    for r in first.groupBy("node", b.alias("b")).count().collect():
+        series = timeline["series"].setdefault(r["node"], [0] * TIMELINE_BUCKETS)
+        series[min(r["b"], TIMELINE_BUCKETS - 1)] += int(r["count"])
+    return timeline
 
 
 def failover_gaps(
