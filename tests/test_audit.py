@@ -175,14 +175,14 @@ def test_a_full_disk_drops_its_batch_and_writing_goes_on_in_a_new_segment(
 ) -> None:
     """The disk fills up in the middle of a batch: the line it cut stays the last line of its
     segment (readers skip it), the lost events are counted and logged, and the writer goes on
-    in a new segment once space is back, without the node noticing."""
+    in a new segment once space is back; nothing is raised to the caller."""
     real_write = os.write
-    disk = {"room": None}  # bytes left, None: unlimited
+    disk = {"room": None}  # bytes left on the audit log's disk, None: unlimited
 
     def write(fd: int, data: Any) -> int:
         room = disk["room"]
-        if room is None:
-            return real_write(fd, data)
+        if room is None or not os.readlink(f"/proc/self/fd/{fd}").startswith(str(tmp_path)):
+            return real_write(fd, data)  # not the audit log's file: the process writes as usual
         if room == 0:
             raise OSError(errno.ENOSPC, "No space left on device")
         disk["room"] = max(0, room - len(data))
