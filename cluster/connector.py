@@ -156,9 +156,12 @@ class GossipLink:
                     raise LinkRefused(f"peer {self.peer} suddenly calls itself {msg.node_id!r}")
                 cluster.peer_state(self, state_from_pb(msg))
         finally:
+            # Detach before awaiting anything: a second cancellation of this task (gRPC ending
+            # the call while it unwinds) would cut the finally short and leave the peer
+            # connected for good.
             sender.cancel()
-            await asyncio.gather(sender, return_exceptions=True)
             cluster.detach(self)
+            await asyncio.gather(sender, return_exceptions=True)
 
     async def _send(self, write: Callable[[pb.NodeState], Awaitable[None]]) -> None:
         name = self.cluster.config.name
