@@ -68,6 +68,9 @@ def test_all_kinds_at_once_are_counted_apart_and_listed_with_their_events(
     assert result.counts == {"lost": 1, "duplicates": 2, "order": 3, "exclusivity": 4, "routing": 5}
     assert pure.check(tmp_path) == result.counts
     lost = result.examples["lost"][0]
+    sent = [e for e in result.events[lost["key"]] if e["kind"] == "client_sent"]
+    assert (lost["ts_ns"], lost["group"]) == (sent[0]["ts_ns"], sent[0]["group"])  # its first
+    assert lost["producer"] and lost["msg_id"] is not None
     kinds = [e["kind"] for e in result.events[lost["key"]]]
     assert "sent" in kinds and "delivered" not in kinds  # confirmed, never delivered
     dup = result.examples["duplicates"][0]
