@@ -1,7 +1,9 @@
 """Structured logging for a node: JSON lines for machines, a console renderer for people.
 
 Every line carries the node's name, bound once here, so that logs of a cluster can be merged.
-Logs go to stderr; nothing on the message hot path logs per message.
+Logs go to stderr; nothing on the message hot path logs per message. Records of the standard
+library's `logging` (asyncio, grpc, aiohttp) go through the same renderer, so a container's log
+is JSON from the first line to the last and a stray error is a line with a level, not loose text.
 """
 
 from __future__ import annotations
@@ -32,20 +34,28 @@ def configure(
         event.setdefault("node", node)
         return event
 
+    stamp: list[structlog.typing.Processor] = [
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        add_node,
+    ]
+    threshold = logging.getLevelNamesMapping()[level.upper()]
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            add_node,
-            *renderers,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(
-            logging.getLevelNamesMapping()[level.upper()]
-        ),
+        processors=[structlog.contextvars.merge_contextvars, *stamp, *renderers],
+        wrapper_class=structlog.make_filtering_bound_logger(threshold),
         logger_factory=structlog.PrintLoggerFactory(out),
         cache_logger_on_first_use=True,
     )
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[structlog.stdlib.add_logger_name, *stamp],
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *renderers],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers = [handler]
+    root.setLevel(max(threshold, logging.WARNING))  # libraries' info lines are not ours
 
 
 def get(name: str) -> structlog.typing.FilteringBoundLogger:

@@ -197,7 +197,7 @@ class Bridge:
                 except Exception as err:  # a bug must not end forwarding for good
                     log.exception("bridge failed", peer=self.peer)
                     reason = repr(err)
-                if reason != logged:
+                if reason != logged and not cluster.stopping:
                     log.info("bridge down", peer=self.peer, address=address, reason=reason)
                     logged = reason
                 await asyncio.sleep(interval)

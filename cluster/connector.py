@@ -135,6 +135,7 @@ class GossipLink:
         cluster = self.cluster
         cluster.attach(self)  # from now on every change of ours is offered to this link
         sender = asyncio.create_task(self._send(write))
+        reading: asyncio.Future[Any] | None = None
         try:
             if first is None:
                 first = await read()
@@ -147,9 +148,9 @@ class GossipLink:
                 reading = asyncio.ensure_future(read())
                 await asyncio.wait([reading, sender], return_when=asyncio.FIRST_COMPLETED)
                 if sender.done():
-                    reading.cancel()
                     sender.result()  # raises what ended it
                 msg = reading.result()
+                reading = None
                 if msg is aio.EOF:
                     return
                 if msg.node_id != self.peer:
@@ -158,10 +159,13 @@ class GossipLink:
         finally:
             # Detach before awaiting anything: a second cancellation of this task (gRPC ending
             # the call while it unwinds) would cut the finally short and leave the peer
-            # connected for good.
+            # connected for good. A pending read is cancelled and collected too: left alone it
+            # would fail when the channel closes, with nobody to retrieve its error.
             sender.cancel()
+            if reading is not None:
+                reading.cancel()
             cluster.detach(self)
-            await asyncio.gather(sender, return_exceptions=True)
+            await asyncio.gather(sender, *([reading] if reading else []), return_exceptions=True)
 
     async def _send(self, write: Callable[[pb.NodeState], Awaitable[None]]) -> None:
         name = self.cluster.config.name
@@ -212,7 +216,7 @@ async def run_connector(cluster: ClusterNode, address: str) -> None:
             reason = f"{code.name if code else 'UNKNOWN'}: {err.details()}"
         if link.peer is not None:
             logged = None  # it was up: its next failure is news again
-        if reason != logged:
+        if reason != logged and not cluster.stopping:
             log.info("cluster connector down", connector=address, peer=link.peer, reason=reason)
             logged = reason
         await asyncio.sleep(interval)

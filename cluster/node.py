@@ -74,6 +74,7 @@ class ClusterNode:
         self._server = aio.server(options=SERVER_OPTIONS)
         self._servicers: list[Callable[[aio.Server], None]] = []
         self._started = False
+        self.stopping = False  # links ending now are this node's own doing: not news to log
         self._links: set[GossipLink] = set()
         self._peer_links: dict[str, set[GossipLink]] = {}
         self._dialled: dict[str, str] = {}  # peer id -> the connector address that reached it
@@ -130,6 +131,7 @@ class ClusterNode:
 
     async def stop(self) -> None:
         """Stop serving peers, return in-flight forwarded messages to their queues, hang up."""
+        self.stopping = True
         if self._started:
             # Gossip and forward streams never end on their own: cancel them rather than
             # wait out the grace period that other services' short calls may still use.
@@ -257,7 +259,8 @@ class ClusterNode:
         if not links:
             del self._peer_links[peer]  # type: ignore[arg-type]
             if self.topology.disconnected(peer, time.time_ns()):  # type: ignore[arg-type]
-                log.info("cluster peer disconnected", peer=peer)
+                if not self.stopping:
+                    log.info("cluster peer disconnected", peer=peer)
                 self._changed()
 
     def link_up(self, link: GossipLink, state: NodeState) -> None:
