@@ -19,8 +19,9 @@ from typing import Any
 
 import grpc
 import yaml
-from conftest import NodeProcess, free_port
+from conftest import NodeProcess
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from ports import reserve_port
 
 from broker.client import Client, Consumer, Received
 from broker.pb import cluster_pb2 as cpb
@@ -28,6 +29,7 @@ from broker.pb import cluster_pb2_grpc as cpb_grpc
 from broker.stomp.frames import Frame, FrameParser, encode_frame
 
 WAIT_S = 20.0
+NOT_YET = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)  # retried in waits
 View = dict[str, dict[str, Any]]  # node id -> {"connected": bool, "instances": {queue: n}}
 
 
@@ -58,7 +60,7 @@ class ClusterNodes:
     """Node processes that list each other as connectors; `spec`: node id -> extra config."""
 
     def __init__(self, workdir: Path, spec: Mapping[str, Mapping[str, Any]]) -> None:
-        self.cluster_addr = {node_id: f"127.0.0.1:{free_port()}" for node_id in spec}
+        self.cluster_addr = {node_id: f"127.0.0.1:{reserve_port()}" for node_id in spec}
         self.nodes: dict[str, NodeProcess] = {}
         for node_id, extra in spec.items():
             node_dir = workdir / node_id
@@ -76,13 +78,22 @@ class ClusterNodes:
     # ---- processes -----------------------------------------------------------------------
 
     def start(self, *node_ids: str) -> ClusterNodes:
-        """Start nodes (default: all), wait until healthy and linked to every running node."""
+        """Start nodes (default: all), wait until healthy and linked to every running node.
+
+        If they do not come up, the nodes this call started are killed before the error
+        propagates: a fixture that never reaches its `yield` leaves nothing running.
+        """
         chosen = node_ids or tuple(self.nodes)
-        for node_id in chosen:
-            self.nodes[node_id].start(wait=False)
-        for node_id in chosen:
-            self.nodes[node_id].wait_serving()
-        self.wait_linked()
+        try:
+            for node_id in chosen:
+                self.nodes[node_id].start(wait=False)
+            for node_id in chosen:
+                self.nodes[node_id].wait_serving()
+            self.wait_linked()
+        except BaseException:
+            for node_id in chosen:
+                self.nodes[node_id].kill()
+            raise
         return self
 
     def stop(self, node_id: str, sig: int = signal.SIGTERM) -> None:
@@ -131,10 +142,19 @@ class ClusterNodes:
             return reply.status
 
     def wait_until(self, check: Callable[[], bool], what: str) -> None:
+        """Poll `check` until it holds; a node not answering yet means "not yet", not failure."""
         deadline = time.monotonic() + WAIT_S
-        while not check():
+        while True:
+            try:
+                if check():
+                    return
+                last = ""
+            except grpc.RpcError as err:
+                if err.code() not in NOT_YET:
+                    raise
+                last = f" (last answer: {err.code().name} {err.details()})"
             if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}\n{self.logs()}")
+                raise AssertionError(f"timed out waiting for {what}{last}\n{self.logs()}")
             time.sleep(0.03)
 
     def wait_linked(self) -> None:

@@ -1,9 +1,15 @@
-"""Shared fixtures: real `pinmq node` processes on free loopback ports with temporary data dirs."""
+"""Shared fixtures: real `pinmq node` processes on reserved loopback ports with temporary data dirs.
+
+Every process a test starts is stopped whatever fails: a node that does not come up is killed
+before the error propagates, and at the end of the session any process still running with this
+session's temporary directory on its command line is killed and reported as an error.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,14 +22,9 @@ import grpc
 import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from ports import reserve_port
 
 START_TIMEOUT_S = 20.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def unique(prefix: str = "q") -> str:
@@ -32,13 +33,16 @@ def unique(prefix: str = "q") -> str:
 
 
 def node_command(config: Path) -> list[str]:
-    return [sys.executable, "-m", "broker.cli", "node", "--config", str(config)]
+    return [*PINMQ, "node", "--config", str(config)]
+
+
+PINMQ = [sys.executable, "-m", "broker.cli"]  # the `pinmq` command of this checkout
 
 
 def cli(*args: str, stdin: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     """Run `pinmq ARGS...` as a subprocess and capture its output."""
     return subprocess.run(
-        [sys.executable, "-m", "broker.cli", *args],
+        [*PINMQ, *args],
         input=stdin,
         capture_output=True,
         text=True,
@@ -50,18 +54,23 @@ class NodeProcess:
     """A node process started from a YAML config; restartable on the same data dir."""
 
     def __init__(self, workdir: Path, extra: dict[str, Any] | None = None) -> None:
-        self.port = free_port()
+        self.port = reserve_port()
         self.url = f"127.0.0.1:{self.port}"
         self.data_dir = workdir / "data"
         self.config_path = workdir / "node.yaml"
         self.log_path = workdir / "node.log"
         config: dict[str, Any] = {
             "node": {"id": f"test-{self.port}", "data-dir": str(self.data_dir)},
-            "listen": {"client": self.url, "stomp": f"127.0.0.1:{free_port()}"},
+            "listen": {
+                "client": self.url,
+                "stomp": f"127.0.0.1:{reserve_port()}",
+                "http": f"127.0.0.1:{reserve_port()}",
+            },
             "log": {"format": "json", "level": "info"},
         }
         for key, value in (extra or {}).items():
             config[key] = {**config.get(key, {}), **value}
+        self.http = config["listen"]["http"]  # host:port of GET /healthz and /readyz
         self.config_path.write_text(yaml.safe_dump(config))
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -70,11 +79,16 @@ class NodeProcess:
         return self.data_dir / "store.db"
 
     def start(self, wait: bool = True) -> NodeProcess:
+        """Start the node (and wait until it serves); a node that does not come up is killed."""
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(node_command(self.config_path), stdout=log, stderr=log)
         log.close()
         if wait:
-            self.wait_serving()
+            try:
+                self.wait_serving()
+            except BaseException:
+                self.kill()
+                raise
         return self
 
     def log(self) -> str:
@@ -118,6 +132,49 @@ class NodeProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+def _ancestors() -> set[int]:
+    """This process and the ones that started it (their command lines may name the temp dir)."""
+    pids, pid = set(), os.getpid()
+    while pid > 1 and pid not in pids:
+        pids.add(pid)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        pid = int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state: ppid
+    return pids
+
+
+def _processes_under(path: Path) -> dict[int, str]:
+    """pid -> command line of every process whose command line names something under `path`."""
+    found: dict[int, str] = {}
+    mine, inside = _ancestors(), f"{path}{os.sep}"
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in mine:
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # it ended meanwhile
+        if inside in cmdline:
+            found[int(entry.name)] = cmdline.strip()
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_process_left_behind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Fail the session if any process started under its temporary directory outlives it."""
+    base = tmp_path_factory.getbasetemp()
+    yield
+    left = _processes_under(base)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, "processes left running by the tests (now killed):\n" + "\n".join(
+        f"  {pid}: {cmd}" for pid, cmd in sorted(left.items())
+    )
 
 
 @pytest.fixture

@@ -16,8 +16,9 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import NodeProcess, free_port
+from conftest import NodeProcess
 from grpc import aio
+from ports import reserve_port
 
 from broker.client import Client, Received
 from broker.config import NodeConfig, QueueConfig
@@ -128,13 +129,14 @@ class Sender:
     """An in-process node `a`, restartable on the same data dir and ports."""
 
     def __init__(self, tmp_path: Path, peer_cluster: str) -> None:
-        self.cluster_addr = f"127.0.0.1:{free_port()}"
+        self.cluster_addr = f"127.0.0.1:{reserve_port()}"
         self.config = NodeConfig.model_validate(
             {
                 "node": {"id": "a", "data-dir": str(tmp_path / "a")},
                 "listen": {
-                    "client": f"127.0.0.1:{free_port()}",
-                    "stomp": f"127.0.0.1:{free_port()}",
+                    "client": f"127.0.0.1:{reserve_port()}",
+                    "stomp": f"127.0.0.1:{reserve_port()}",
+                    "http": f"127.0.0.1:{reserve_port()}",
                     "cluster": self.cluster_addr,
                 },
                 "cluster": {"connectors": [peer_cluster], "reconnect-interval": 100},
@@ -190,7 +192,7 @@ def receiver(tmp_path: Path, cluster_addr: str, sender_addr: str) -> NodeProcess
 @pytest.fixture
 async def pair(tmp_path: Path) -> AsyncIterator[tuple[Sender, NodeProcess]]:
     """Sender `a` (in-process, started) and receiver `b` (a process, not started yet)."""
-    b_addr = f"127.0.0.1:{free_port()}"
+    b_addr = f"127.0.0.1:{reserve_port()}"
     sender = Sender(tmp_path, b_addr)
     b = receiver(tmp_path, b_addr, sender.cluster_addr)
     await sender.start()
@@ -293,8 +295,8 @@ async def test_receiver_killed_mid_transfer_enqueues_nothing_twice(
 
 async def test_a_resent_batch_is_dropped_even_after_a_receiver_restart(tmp_path: Path) -> None:
     """Resending what the receiver already stored (as after a lost ack) adds nothing."""
-    b_addr = f"127.0.0.1:{free_port()}"
-    b = receiver(tmp_path, b_addr, f"127.0.0.1:{free_port()}").start()
+    b_addr = f"127.0.0.1:{reserve_port()}"
+    b = receiver(tmp_path, b_addr, f"127.0.0.1:{reserve_port()}").start()
     try:
 
         def batch(seqs: range, store: int = 11, target: str = "b") -> cpb.ForwardBatch:

@@ -7,16 +7,21 @@ import socket
 from pathlib import Path
 
 import yaml
-from conftest import cli, free_port
+from conftest import cli
+from ports import reserve_port
 
 from broker.client import SyncClient
 
 
 def _config(tmp_path: Path, node_id: str) -> tuple[Path, str]:
-    url = f"127.0.0.1:{free_port()}"
+    url = f"127.0.0.1:{reserve_port()}"
     config = {
         "node": {"id": node_id, "data-dir": str(tmp_path / node_id)},
-        "listen": {"client": url, "stomp": f"127.0.0.1:{free_port()}"},
+        "listen": {
+            "client": url,
+            "stomp": f"127.0.0.1:{reserve_port()}",
+            "http": f"127.0.0.1:{reserve_port()}",
+        },
     }
     path = tmp_path / f"{node_id}.yaml"
     path.write_text(yaml.safe_dump(config))

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import free_port
 from hypothesis import given
 from hypothesis import strategies as st
+from ports import reserve_port
 
 from broker.client import Client
 from broker.config import NodeConfig
@@ -139,8 +139,9 @@ def _config(tmp_path: Path, node_id: str, port: int, peer: int, **extra: Any) ->
         {
             "node": {"id": node_id, "data-dir": str(tmp_path / node_id)},
             "listen": {
-                "client": f"127.0.0.1:{free_port()}",
-                "stomp": f"127.0.0.1:{free_port()}",
+                "client": f"127.0.0.1:{reserve_port()}",
+                "stomp": f"127.0.0.1:{reserve_port()}",
+                "http": f"127.0.0.1:{reserve_port()}",
                 "cluster": f"127.0.0.1:{port}",
             },
             "cluster": {
@@ -162,7 +163,7 @@ async def _until(check: Callable[[], bool], what: str) -> None:
 
 
 async def test_cluster_node_routes_over_gossiped_instances(tmp_path: Path) -> None:
-    pa, pb = free_port(), free_port()
+    pa, pb = reserve_port(), reserve_port()
     a = Node(_config(tmp_path, "a", pa, pb, **{"grouping-handler": {"type": "LOCAL"}}))
     b = Node(_config(tmp_path, "b", pb, pa, **{"grouping-handler": {"type": "REMOTE"}}))
     await a.start()

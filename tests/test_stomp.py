@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 import stomp
-from conftest import NodeProcess, free_port, unique
+from conftest import NodeProcess, unique
+from ports import reserve_port
 
 from broker.client import Client, SyncClient
 from broker.stomp.frames import Frame, FrameParser, encode_frame
@@ -43,7 +44,7 @@ def stomp_extra(port: int, **more: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def snode(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StompNode]:
-    port = free_port()
+    port = reserve_port()
     extra = stomp_extra(port, stomp=NODE_STOMP, **{"address-settings": NO_AUTO_CREATE})
     node = NodeProcess(tmp_path_factory.mktemp("stomp-node"), extra).start()
     yield StompNode(node, port)
@@ -449,7 +450,7 @@ def test_bare_destination_names_the_same_queue(connect: Connect) -> None:
 def test_persistent_send_receipt_means_on_disk(
     node_factory: Callable[..., NodeProcess], connect: Connect
 ) -> None:
-    port = free_port()
+    port = reserve_port()
     node = node_factory(stomp_extra(port))
     q = unique()
     conn, rec = connect(port=port)
@@ -992,7 +993,7 @@ def test_queue_deleted_under_a_subscription_ends_it_with_an_error(
 def test_node_shutdown_tells_stomp_clients(
     node_factory: Callable[..., NodeProcess], tmp_path: Path
 ) -> None:
-    port = free_port()
+    port = reserve_port()
     node = node_factory(stomp_extra(port))
     consumer, producer = Raw(port), Raw(port)
     try:

@@ -11,7 +11,9 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import NodeProcess, free_port
+from cluster_nodes import NOT_YET
+from conftest import NodeProcess
+from ports import reserve_port
 
 from broker.client import Client
 from broker.config import NodeConfig
@@ -157,7 +159,7 @@ class Cluster:
     def start(self, spec: dict[str, dict[str, Any]]) -> None:
         """`spec`: node id -> extra config; every node lists every other one as a connector."""
         for node_id in spec:
-            self.cluster_addr[node_id] = f"127.0.0.1:{free_port()}"
+            self.cluster_addr[node_id] = f"127.0.0.1:{reserve_port()}"
         for node_id, extra in spec.items():
             workdir = self.tmp_path / node_id
             workdir.mkdir()
@@ -191,9 +193,14 @@ class Cluster:
         deadline = time.monotonic() + WAIT_S
         seen: dict[str, dict[str, Any]] = {}
         while time.monotonic() < deadline:
-            seen = self.view(node_id)
-            if check(seen):
-                return
+            try:
+                seen = self.view(node_id)
+            except grpc.RpcError as err:
+                if err.code() not in NOT_YET:
+                    raise
+            else:
+                if check(seen):
+                    return
             await asyncio.sleep(0.05)
         raise AssertionError(f"{node_id} never saw the expected topology; last view: {seen}")
 
@@ -282,13 +289,14 @@ async def test_two_local_handlers_and_another_cluster_are_reported(cluster: Clus
 
 
 async def test_a_connector_leading_back_to_the_node_itself_is_dropped(tmp_path: Path) -> None:
-    port = free_port()
+    port = reserve_port()
     config = NodeConfig.model_validate(
         {
             "node": {"id": "solo", "data-dir": str(tmp_path / "solo")},
             "listen": {
-                "client": f"127.0.0.1:{free_port()}",
-                "stomp": f"127.0.0.1:{free_port()}",
+                "client": f"127.0.0.1:{reserve_port()}",
+                "stomp": f"127.0.0.1:{reserve_port()}",
+                "http": f"127.0.0.1:{reserve_port()}",
                 "cluster": f"127.0.0.1:{port}",
             },
             # The same node under another name, and literally its own listen address.
