@@ -109,7 +109,7 @@ def _clashes(configs: list[NodeConfig]) -> str | None:
     seen: dict[str, str] = {}
     for cfg in configs:
         owned = [f"node id {cfg.node.id}", f"data-dir {cfg.node.data_dir}"]
-        served = [cfg.listen.client, cfg.listen.stomp] + (
+        served = [cfg.listen.client, cfg.listen.stomp, cfg.listen.http] + (
             [cfg.listen.cluster] if cfg.cluster else []
         )
         owned += [f"address {a}" for a in served]
@@ -122,13 +122,14 @@ def _clashes(configs: list[NodeConfig]) -> str | None:
 
 def _summary(configs: list[NodeConfig], run_dir: Path, console: Console) -> None:
     table = Table(title="pinmq nodes")
-    for column in ("node", "client (gRPC)", "STOMP", "cluster", "grouping handler", "log"):
+    for column in ("node", "client (gRPC)", "STOMP", "HTTP", "cluster", "grouping handler", "log"):
         table.add_column(column)
     for cfg in configs:
         handler = cfg.grouping_handler.type if cfg.grouping_handler else "-"
         cluster = cfg.listen.cluster if cfg.cluster else "-"
         log = str(run_dir / f"{cfg.node.id}.log")
-        table.add_row(cfg.node.id, cfg.listen.client, cfg.listen.stomp, cluster, handler, log)
+        listen = cfg.listen
+        table.add_row(cfg.node.id, listen.client, listen.stomp, listen.http, cluster, handler, log)
     console.print(table)
     first, last = configs[0].listen.client, configs[-1].listen.client
     console.print(

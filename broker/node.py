@@ -26,8 +26,10 @@ from broker import logs
 from broker.audit import node_audit
 from broker.config import NodeConfig, QueueConfig
 from broker.core import BrokerCore, CoreError
+from broker.http import HttpServer
 from broker.message import Message
 from broker.queue import Delivery, Effects
+from broker.readiness import Readiness, assess
 from broker.store import Store, StoreError
 
 if TYPE_CHECKING:
@@ -106,6 +108,8 @@ class Node:
         self._server: aio.Server | None = None
         self._health: health.aio.HealthServicer | None = None
         self._stomp: StompServer | None = None
+        self._http: HttpServer | None = None
+        self._serving = False
         self._backlog: deque[_Step] = deque()
         self._backlog_ready = asyncio.Event()
         self._unwritten: dict[int, asyncio.Future[None]] = {}  # msg id -> write that adds it
@@ -152,7 +156,11 @@ class Node:
             self._server, self._health = make_server(self)
             self._stomp = StompServer(self)
             await self._stomp.start()
+            self._http = HttpServer(self.config.listen.http, self.config.node.id, self.readiness)
+            await self._http.start()
         except OSError as err:
+            if self._stomp is not None:
+                await self._stomp.stop(0)
             if self._server is not None:
                 await self._server.stop(None)
             await self.store.close()
@@ -161,6 +169,7 @@ class Node:
         if self.config.cluster is not None:
             await self._start_cluster()
         await mark_serving(self._health)
+        self._serving = True
         if self.cluster is not None:
             await self._set_cluster_health()
         self._tasks = [
@@ -171,6 +180,7 @@ class Node:
             "node started",
             listen=self.config.listen.client,
             stomp=self.config.listen.stomp,
+            http=self.config.listen.http,
             store=str(self.store_path),
             queues=len(self.core.queues()),
             messages=len(messages) - orphans,
@@ -180,6 +190,7 @@ class Node:
     async def stop(self, grace_s: float = 5.0) -> None:
         """Stop accepting, end consumer streams, let running calls finish, close the store."""
         log.info("node stopping")
+        self._serving = False
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
         if self.handler is not None:  # first: it ends its Removals streams on the cluster server
@@ -197,6 +208,8 @@ class Node:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._store is not None:
             await self._store.close()
+        if self._http is not None:  # last: probes see "not ready" until the very end
+            await self._http.stop()
         if self.audit is not None:
             self.audit.close()
         log.info("node stopped")
@@ -295,6 +308,28 @@ class Node:
         status = health_pb2.HealthCheckResponse
         await self._health.set(
             CLUSTER_HEALTH, status.NOT_SERVING if self.problems else status.SERVING
+        )
+
+    def readiness(self) -> Readiness:
+        """Whether this node takes work now, with the facts (for `GET /readyz`)."""
+        cluster, handler = self.cluster, self.config.grouping_handler
+        peers: dict[str, bool] = {}
+        local_handler = None
+        if cluster is not None:
+            topology = cluster.topology
+            peers = {n: topology.is_connected(n) for n in topology.peers()}
+            found = topology.local_handler()
+            local_handler = found[0] if found is not None else None
+        return assess(
+            node_id=self.config.node.id,
+            serving=self._serving,
+            store_open=self._store is not None and self._store.is_open,
+            failed=str(self.failed.result()) if self.failed.done() else None,
+            clustered=self.config.cluster is not None,
+            handler_type=handler.type if handler is not None and cluster is not None else None,
+            local_handler=local_handler,
+            peers=peers,
+            problems=self.problems,
         )
 
     def fail(self, err: BaseException) -> None:

@@ -368,6 +368,11 @@ class Store:
         """Remove a queue definition and all of its stored messages, durably."""
         await self._submit(_Request(_DELETE_QUEUE_OP, queue, 1))
 
+    @property
+    def is_open(self) -> bool:
+        """Whether writes are taken: not closed, and the writer thread runs."""
+        return not self._closed and self._thread is not None and self._thread.is_alive()
+
     async def close(self) -> None:
         """Finish queued work, compact, checkpoint the WAL away, close the file."""
         thread = self._thread
