@@ -4,9 +4,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up down standalone test lint proto bench clean
+.PHONY: up down standalone test prerequisites lint proto bench clean
 
 $(STAMP): pyproject.toml
+	@$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || \
+		{ echo "make: pinmq needs Python 3.11+ as $(PY) (make PY=python3.11 ...)" >&2; exit 1; }
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'
@@ -21,7 +23,11 @@ down: $(STAMP)
 standalone: $(STAMP)
 	$(BIN)/pinmq node --config deploy/standalone.yaml
 
-test: $(STAMP)
+# Java for the Spark tests, a network namespace for the README tour: checked before installing.
+prerequisites:
+	@$(PY) tests/prerequisites.py
+
+test: prerequisites $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q --ignore=tests/test_pipeline.py
 	# Spark in a process of its own: after the gRPC tests its JVM gateway failed to start in-process.

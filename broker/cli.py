@@ -85,6 +85,21 @@ def _parser() -> argparse.ArgumentParser:
     consume.add_argument("--json", action="store_true", help="one JSON object per message")
     consume.add_argument("--audit", metavar="DIR", help="append client audit events to DIR")
 
+    wait = verbs.add_parser(
+        "wait",
+        parents=[client],
+        help="wait until a queue has N consumers (in a cluster: as this node's routing sees them)",
+    )
+    wait.add_argument("queue")
+    wait.add_argument("--consumers", type=_positive, required=True, metavar="N")
+    wait.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="give up after S seconds (exit 1; default: %(default)s)",
+    )
+
     verbs.add_parser("queues", parents=[client], help="list queues")
     groups = verbs.add_parser("groups", parents=[client], help="list the groups of a queue")
     groups.add_argument("queue", nargs="?", help="required without --cluster")
@@ -202,6 +217,36 @@ def _text_line(m: Received) -> str:
     return f"#{m.msg_id}{group}: {m.body.decode('utf-8', 'replace')}"
 
 
+async def _wait(client: Client, args: argparse.Namespace) -> None:
+    """Poll until the queue has enough consumers: scripts start workers, then send."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + args.timeout
+    while (seen := await _consumers_seen(client, args.queue)) < args.consumers:
+        if loop.time() >= deadline:
+            raise PinmqError(
+                f"timed out after {args.timeout:g} s: {args.queue} has {seen} of "
+                f"{args.consumers} consumers as {args.url} sees it",
+                "DEADLINE_EXCEEDED",
+            )
+        await asyncio.sleep(0.1)
+    print(f"{args.queue}: {seen} consumer(s)")
+
+
+async def _consumers_seen(client: Client, queue: str) -> int:
+    """Consumers of `queue` on this node, plus on the peers it is linked to when clustered."""
+    try:
+        status = await client.cluster_status()
+    except PinmqError as err:
+        if err.code != "FAILED_PRECONDITION":  # a standalone node
+            raise
+        return sum(q.consumer_count for q in await client.queues() if q.name == queue)
+    return sum(
+        counts.get(queue, 0)
+        for node_id, counts in status.consumers.items()
+        if status.connected.get(node_id)
+    )
+
+
 async def _queues(client: Client, _args: argparse.Namespace) -> None:
     table = Table("queue", "address", "depth", "consumers", "settings")
     for q in await client.queues():
@@ -285,6 +330,7 @@ async def _reset_groups(client: Client, args: argparse.Namespace) -> None:
 _VERBS = {
     "send": _send,
     "consume": _consume,
+    "wait": _wait,
     "queues": _queues,
     "groups": _groups,
     "reset-groups": _reset_groups,

@@ -143,6 +143,7 @@ class ClusterStatus:
     connected: dict[str, bool]  # node id -> linked now (this node included)
     handlers: dict[str, str]  # node id -> "LOCAL", "REMOTE" or ""
     problems: list[str]
+    consumers: dict[str, dict[str, int]]  # node id -> queue -> consumers, as this node sees it
 
 
 def _time(unix_ms: int) -> datetime | None:
@@ -388,6 +389,7 @@ class Client:
             connected={n.node_id: n.connected for n in reply.nodes},
             handlers={n.node_id: n.handler for n in reply.nodes},
             problems=list(reply.problems),
+            consumers={n.node_id: dict(n.consumers) for n in reply.nodes},
         )
 
 

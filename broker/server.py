@@ -465,6 +465,11 @@ class AdminService(pb_grpc.AdminServicer):
                     node_id=view.state.node_id,
                     connected=view.connected,
                     handler=view.state.handler or "",
+                    consumers={
+                        queue: count
+                        for queues in view.state.instances.values()
+                        for queue, count in queues.items()
+                    },
                 )
                 for view in cluster.topology.nodes()
             ],

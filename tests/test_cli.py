@@ -7,7 +7,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from conftest import cli, node_command, unique
+from conftest import PINMQ, cli, node_command, unique
 
 from broker.client import SyncClient
 
@@ -99,3 +99,26 @@ def test_usage_errors_exit_2() -> None:
     result = cli("send", "q")  # neither --body nor --stdin
     assert result.returncode == 2
     assert "error: one of the arguments --body --stdin is required" in result.stderr
+
+
+def test_wait_returns_once_the_queue_has_its_consumers_and_times_out_loudly(url: str) -> None:
+    q = unique()
+    with SyncClient(url) as client:
+        client.create_queue(q)
+    late = cli("wait", q, "--consumers", "1", "--timeout", "0.3", "--url", url)
+    assert late.returncode == 1
+    assert late.stderr.strip() == (
+        f"pinmq: error: timed out after 0.3 s: {q} has 0 of 1 consumers as {url} sees it"
+    )
+    consumer = subprocess.Popen(
+        [*PINMQ, "consume", q, "--timeout", "30", "--url", url],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        ready = cli("wait", q, "--consumers", "1", "--url", url)
+        assert ready.returncode == 0, ready.stderr
+        assert ready.stdout.strip() == f"{q}: 1 consumer(s)"
+    finally:
+        consumer.kill()
+        consumer.wait()

@@ -58,8 +58,12 @@ def test_deploy_examples_match_contract() -> None:
     contract = parse_config(CONTRACT, "contract.yaml")
     for name in ("standalone", "node1", "node2", "node3"):
         cfg = load_config(REPO / "deploy" / f"{name}.yaml")
-        assert cfg.addresses == contract.addresses
+        assert cfg.addresses["orders"] == contract.addresses["orders"]
         assert cfg.address_settings == contract.address_settings
+        # Beyond the contract: the README's one-node tour, whose workers start together.
+        assert set(cfg.addresses) == {"orders", "tasks"}
+        tasks = cfg.addresses["tasks"].queues["tasks"]
+        assert (tasks.consumers_before_dispatch, tasks.delay_before_dispatch) == (3, 5000)
     assert load_config(REPO / "deploy" / "node1.yaml").node == contract.node
 
 

@@ -327,14 +327,23 @@ class ClusterStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ClusterNodeStatus(_message.Message):
-    __slots__ = ("node_id", "connected", "handler")
+    __slots__ = ("node_id", "connected", "handler", "consumers")
+    class ConsumersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     CONNECTED_FIELD_NUMBER: _ClassVar[int]
     HANDLER_FIELD_NUMBER: _ClassVar[int]
+    CONSUMERS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     connected: bool
     handler: str
-    def __init__(self, node_id: _Optional[str] = ..., connected: _Optional[bool] = ..., handler: _Optional[str] = ...) -> None: ...
+    consumers: _containers.ScalarMap[str, int]
+    def __init__(self, node_id: _Optional[str] = ..., connected: _Optional[bool] = ..., handler: _Optional[str] = ..., consumers: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class ClusterStatusResponse(_message.Message):
     __slots__ = ("node_id", "nodes", "problems")
