@@ -131,10 +131,12 @@ def _summary(configs: list[NodeConfig], run_dir: Path, console: Console) -> None
         listen = cfg.listen
         table.add_row(cfg.node.id, listen.client, listen.stomp, listen.http, cluster, handler, log)
     console.print(table)
-    first, last = configs[0].listen.client, configs[-1].listen.client
+    # Consumed where it was sent: with no consumer anywhere, a new group binds to the node it
+    # was sent through, and its messages never move to another node's consumer.
+    first = configs[0].listen.client
     console.print(
         f"try: pinmq send orders --url {first} --group g1 --count 5 --body hi && "
-        f"pinmq consume orders --url {last} --count 5 --json",
+        f"pinmq consume orders --url {first} --count 5 --json",
         markup=False,
     )
 

@@ -27,6 +27,7 @@ from conftest import PINMQ
 REPO = Path(__file__).resolve().parent.parent
 MARK = "@@@ tour line "
 SCRATCH = "@@@ tour scratch "
+HINT = "@@@ up hint"
 RUN_TIMEOUT_S = 240
 
 
@@ -62,6 +63,7 @@ class Tour:
 
 @dataclass
 class Tours:
+    hint: str  # what the example printed by `pinmq up` printed
     cluster: Tour
     one_node: Tour
     left_in_repo: list[str]  # names that appeared in the repository root while they ran
@@ -114,7 +116,9 @@ def tours(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tours]:
         [
             "ip link set lo up",
             f"cd {shlex.quote(str(work))}",
-            f"{up} || exit 97",
+            f"{up} > up.out || {{ cat up.out; exit 97; }}",
+            f"printf '{HINT}\\n'",
+            "eval \"$(sed -n 's/^try: //p' up.out)\"",  # the example `pinmq up` prints
             *(tour_script(commands, i) for i, commands in enumerate(blocks)),
             f"cd {shlex.quote(str(work))} && {down}",
         ]
@@ -148,7 +152,15 @@ def tours(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tours]:
         Tour(commands, split_outputs(done.stdout, i, len(commands)), Path(scratch[str(i)]))
         for i, commands in enumerate(blocks)
     )
-    yield Tours(cluster, one_node, sorted({p.name for p in REPO.iterdir()} - before))
+    hint = done.stdout.split(f"{HINT}\n", 1)[1].split(f"\n{MARK}", 1)[0]
+    yield Tours(hint, cluster, one_node, sorted({p.name for p in REPO.iterdir()} - before))
+
+
+def test_the_example_printed_by_up_sends_and_consumes_a_group(tours: Tours) -> None:
+    got = [json.loads(line) for line in tours.hint.splitlines() if line.startswith("{")]
+    assert [(m["group"], m["group_seq"], m["body"]) for m in got] == [
+        ("g1", seq, "hi") for seq in range(1, 6)
+    ]
 
 
 def test_the_cluster_tour_binds_alice_to_node3_and_delivers_every_message_in_order(
