@@ -181,8 +181,8 @@ def test_the_cluster_tour_binds_alice_to_node3_and_delivers_every_message_in_ord
 
     got = tour.jsonl("node3.jsonl")
     assert [m["group"] for m in got] == ["alice"] * 10
-    assert [m["body"] for m in got] == ["via node1"] * 5 + ["via node2"] * 5
-    assert [m["group_seq"] for m in got] == [1, 2, 3, 4, 5] * 2
+    for via in ("via node1", "via node2"):  # each sender's order; they forward independently
+        assert [m["group_seq"] for m in got if m["body"] == via] == [1, 2, 3, 4, 5]
     lines = (tour.scratch / "node3.jsonl").read_text().splitlines()
     printed = tour.output("wait; cut -c1-100 node3.jsonl").strip("\n").splitlines()
     assert printed == [line[:100] for line in lines]
