@@ -38,7 +38,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 proto: $(STAMP)
-	$(BIN)/python -m broker.protogen
+	$(BIN)/python -m pinmq.protogen
 
 bench: $(STAMP)
 	$(BIN)/python bench/core_dispatch.py

@@ -78,12 +78,12 @@ from grpc import aio
 
 from broker import logs
 from broker.config import GroupingHandlerSection
-from broker.pb import client_pb2 as cpb
-from broker.pb import client_pb2_grpc as cpb_grpc
-from broker.pb import grouping_pb2 as gpb
-from broker.pb import grouping_pb2_grpc as gpb_grpc
 from handler.local import LocalHandler
 from handler.remote import RemoteHandler
+from pinmq_pb import client_pb2 as cpb
+from pinmq_pb import client_pb2_grpc as cpb_grpc
+from pinmq_pb import grouping_pb2 as gpb
+from pinmq_pb import grouping_pb2_grpc as gpb_grpc
 
 QUEUE = "orders"
 REMOTE_NODE = "node2"

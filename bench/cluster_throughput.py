@@ -55,8 +55,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from broker.client import Client, Consumer, PinmqError, Received
 from broker.message import GROUP_ID_HEADER, GROUP_SEQ_HEADER
-from broker.pb import client_pb2 as cpb
-from broker.pb import client_pb2_grpc as cpb_grpc
+from pinmq_pb import client_pb2 as cpb
+from pinmq_pb import client_pb2_grpc as cpb_grpc
 
 NODES = 3
 CLUSTER_NAME = "bench"
@@ -133,7 +133,7 @@ _DIE_WITH_PARENT_EXEC = (
 
 def start_node(config: Path, log: IO[bytes]) -> subprocess.Popen[bytes]:
     """`pinmq node --config CONFIG`, output to `log`, SIGTERMed by Linux if we die."""
-    node = [sys.executable, "-m", "broker.cli", "node", "--config", str(config)]
+    node = [sys.executable, "-m", "pinmq.cli", "node", "--config", str(config)]
     return subprocess.Popen(
         [sys.executable, "-c", _DIE_WITH_PARENT_EXEC, *node],
         stdout=log,

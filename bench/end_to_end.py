@@ -143,7 +143,7 @@ def running_node(workdir: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]
     log_path = workdir / "node.log"
     with log_path.open("ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "broker.cli", "node", "--config", str(config)],
+            [sys.executable, "-m", "pinmq.cli", "node", "--config", str(config)],
             stdout=log,
             stderr=log,
             start_new_session=True,  # Ctrl-C reaches only us; we stop the node ourselves

@@ -24,8 +24,8 @@ from grpc import aio
 
 from broker.audit import MID_HEADER, AuditLog
 from broker.message import GROUP_ID_HEADER, GROUP_SEQ_HEADER
-from broker.pb import client_pb2 as pb
-from broker.pb import client_pb2_grpc as pb_grpc
+from pinmq_pb import client_pb2 as pb
+from pinmq_pb import client_pb2_grpc as pb_grpc
 
 Body = bytes | str
 Item = Body | tuple[Body, Mapping[str, str]]

@@ -26,18 +26,18 @@ from broker import logs
 from broker.audit import node_audit
 from broker.config import NodeConfig, QueueConfig
 from broker.core import BrokerCore, CoreError
-from broker.http import HttpServer
 from broker.message import Message
 from broker.queue import Delivery, Effects
 from broker.readiness import Readiness, assess
 from broker.store import Store, StoreError
+from pinmq.http import HttpServer
 
 if TYPE_CHECKING:
-    from broker.stomp.server import StompServer
     from cluster.node import ClusterNode
     from cluster.sending import Sender
     from cluster.topology import Topology
     from handler.api import Binding, GroupingHandler, RemovalReason
+    from pinmq.stomp.server import StompServer
 
 TICK_S = 0.05
 REDISTRIBUTE_TICKS = 10  # queues without consumers hand ungrouped messages on this often
@@ -135,8 +135,8 @@ class Node:
 
     async def start(self) -> None:
         """Open and replay the store, then serve; raises StartupError naming the culprit."""
-        from broker.server import make_server, mark_serving  # server.py imports this module
-        from broker.stomp.server import StompServer  # so does the STOMP shell
+        from pinmq.grpc_api import make_server, mark_serving  # server.py imports this module
+        from pinmq.stomp.server import StompServer  # so does the STOMP shell
 
         if self.audit is not None:  # audit log: started first, stopped last
             try:

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING
 
 from grpc import aio
 
-from broker.pb import cluster_pb2 as pb
-from broker.pb import cluster_pb2_grpc as pb_grpc
 from cluster.bridge import SF_PREFIX
 from cluster.connector import CHANNEL_OPTIONS
 from handler.api import BindingUse, HandlerUnavailable
+from pinmq_pb import cluster_pb2 as pb
+from pinmq_pb import cluster_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
     from broker.node import Node

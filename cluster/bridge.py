@@ -28,10 +28,10 @@ from broker import logs
 from broker.config import QueueConfig
 from broker.core import CoreError
 from broker.node import ConsumerStream, now_ns
-from broker.pb import cluster_pb2 as pb
-from broker.pb import cluster_pb2_grpc as pb_grpc
 from broker.queue import Delivery, Effects
 from cluster.connector import CHANNEL_OPTIONS
+from pinmq_pb import cluster_pb2 as pb
+from pinmq_pb import cluster_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
     from cluster.node import ClusterNode

@@ -16,9 +16,9 @@ import grpc
 from grpc import aio
 
 from broker import logs
-from broker.pb import cluster_pb2 as pb
-from broker.pb import cluster_pb2_grpc as pb_grpc
 from cluster.topology import HandlerType, NodeState
+from pinmq_pb import cluster_pb2 as pb
+from pinmq_pb import cluster_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
     from cluster.node import ClusterNode

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 from grpc import aio
 
 from broker import logs
-from broker.pb import cluster_pb2_grpc as pb_grpc
 from broker.queue import Effects
 from cluster.bridge import (
     FORWARD_HEADER,
@@ -34,6 +33,7 @@ from cluster.connector import SERVER_OPTIONS, GossipLink, run_connector
 from cluster.routing import Router
 from cluster.service import ClusterService
 from cluster.topology import Instance, NodeState, Topology
+from pinmq_pb import cluster_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
     from broker.config import ClusterSection

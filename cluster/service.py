@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 
 from grpc import aio
 
-from broker.pb import cluster_pb2 as pb
-from broker.pb import cluster_pb2_grpc as pb_grpc
 from cluster.admin import node_groups, row_to_pb
 from cluster.connector import GossipLink, state_to_pb
+from pinmq_pb import cluster_pb2 as pb
+from pinmq_pb import cluster_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
     from cluster.node import ClusterNode

@@ -31,8 +31,6 @@ import structlog
 from grpc import aio
 
 from broker.config import GroupingHandlerSection
-from broker.pb import grouping_pb2 as pb
-from broker.pb import grouping_pb2_grpc as pb_grpc
 from handler.api import (
     LIST_LIMIT,
     BindingUse,
@@ -43,6 +41,8 @@ from handler.api import (
 )
 from handler.arbiter import Arbiter, Binding, Key
 from handler.bindings import FILE_NAME, BindingStore, BindingStoreError
+from pinmq_pb import grouping_pb2 as pb
+from pinmq_pb import grouping_pb2_grpc as pb_grpc
 
 log = structlog.get_logger(__name__)
 

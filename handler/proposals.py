@@ -17,8 +17,8 @@ import itertools
 
 from grpc import aio
 
-from broker.pb import grouping_pb2 as pb
-from broker.pb import grouping_pb2_grpc as pb_grpc
+from pinmq_pb import grouping_pb2 as pb
+from pinmq_pb import grouping_pb2_grpc as pb_grpc
 
 
 class StreamEnded(Exception):

@@ -26,8 +26,6 @@ import structlog
 from grpc import aio
 
 from broker.config import GroupingHandlerSection
-from broker.pb import grouping_pb2 as pb
-from broker.pb import grouping_pb2_grpc as pb_grpc
 from handler.api import (
     LIST_LIMIT,
     BindingUse,
@@ -39,6 +37,8 @@ from handler.api import (
 from handler.arbiter import Binding, Key
 from handler.local import HEARTBEAT_S, REASON_TO_PB, SUBSCRIBED
 from handler.proposals import ProposalRefused, ProposalStream, StreamEnded
+from pinmq_pb import grouping_pb2 as pb
+from pinmq_pb import grouping_pb2_grpc as pb_grpc
 
 log = structlog.get_logger(__name__)
 

@@ -24,9 +24,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ports import reserve_port
 
 from broker.client import Client, Consumer, Received
-from broker.pb import cluster_pb2 as cpb
-from broker.pb import cluster_pb2_grpc as cpb_grpc
-from broker.stomp.frames import Frame, FrameParser, encode_frame
+from pinmq.stomp.frames import Frame, FrameParser, encode_frame
+from pinmq_pb import cluster_pb2 as cpb
+from pinmq_pb import cluster_pb2_grpc as cpb_grpc
 
 WAIT_S = 20.0
 NOT_YET = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)  # retried in waits

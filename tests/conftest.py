@@ -36,7 +36,7 @@ def node_command(config: Path) -> list[str]:
     return [*PINMQ, "node", "--config", str(config)]
 
 
-PINMQ = [sys.executable, "-m", "broker.cli"]  # the `pinmq` command of this checkout
+PINMQ = [sys.executable, "-m", "pinmq.cli"]  # the `pinmq` command of this checkout
 
 
 def cli(*args: str, stdin: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess:

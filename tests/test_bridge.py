@@ -25,12 +25,12 @@ from broker.config import NodeConfig, QueueConfig
 from broker.core import ORIGINAL_QUEUE_HEADER, BrokerCore
 from broker.message import Message
 from broker.node import Node, now_ns
-from broker.pb import cluster_pb2 as cpb
-from broker.pb import cluster_pb2_grpc as cpb_grpc
 from broker.queue import Effects
 from broker.store import Store
 from cluster.bridge import FORWARD_HEADER, sf_queue
 from cluster.node import ClusterNode
+from pinmq_pb import cluster_pb2 as cpb
+from pinmq_pb import cluster_pb2_grpc as cpb_grpc
 
 WAIT_S = 20.0
 

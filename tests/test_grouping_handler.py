@@ -20,8 +20,6 @@ import pytest
 from grpc import aio
 
 from broker.config import GroupingHandlerSection, NodeConfig
-from broker.pb import grouping_pb2 as pb
-from broker.pb import grouping_pb2_grpc as pb_grpc
 from handler.api import (
     Binding,
     DecisionTimeout,
@@ -32,6 +30,8 @@ from handler.api import (
 from handler.bindings import BindingStoreError
 from handler.local import SUBSCRIBED, LocalHandler
 from handler.remote import RemoteHandler
+from pinmq_pb import grouping_pb2 as pb
+from pinmq_pb import grouping_pb2_grpc as pb_grpc
 
 WAIT_S = 10.0
 

@@ -276,7 +276,7 @@ def test_the_cli_prints_a_verdict_writes_a_report_and_exits_1_on_violations(
         [
             sys.executable,
             "-m",
-            "broker.cli",
+            "pinmq.cli",
             "check",
             str(history),
             "--master",

@@ -1,6 +1,6 @@
-"""The checked-in stubs in broker/pb are what `python -m broker.protogen` generates today."""
+"""The checked-in stubs in pinmq_pb are what `python -m pinmq.protogen` generates today."""
 
-from broker import protogen
+from pinmq import protogen
 
 
 def test_checked_in_stubs_are_up_to_date() -> None:
@@ -11,4 +11,4 @@ def test_checked_in_stubs_are_up_to_date() -> None:
 
 def test_stubs_import_package_qualified() -> None:
     grpc_module = protogen.generated_texts()["client_pb2_grpc.py"]
-    assert "from broker.pb import client_pb2" in grpc_module
+    assert "from pinmq_pb import client_pb2" in grpc_module

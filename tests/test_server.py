@@ -22,8 +22,8 @@ from broker.client import (
     NotFound,
     Received,
 )
-from broker.pb import client_pb2 as pb
-from broker.pb import client_pb2_grpc as pb_grpc
+from pinmq_pb import client_pb2 as pb
+from pinmq_pb import client_pb2_grpc as pb_grpc
 
 
 async def _drain(

@@ -19,7 +19,7 @@ from conftest import NodeProcess, unique
 from ports import reserve_port
 
 from broker.client import Client, SyncClient
-from broker.stomp.frames import Frame, FrameParser, encode_frame
+from pinmq.stomp.frames import Frame, FrameParser, encode_frame
 
 WAIT_S = 15.0
 NODE_STOMP = {

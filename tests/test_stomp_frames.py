@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.stomp.frames import (
+from pinmq.stomp.frames import (
     Frame,
     FrameError,
     FrameParser,

@@ -11,8 +11,9 @@ from broker.config import NodeConfig, parse_config
 from broker.core import BrokerCore
 from broker.node import ConsumerStream
 from broker.queue import Effects
-from broker.stomp.frames import Frame, FrameParser, encode_frame
-from broker.stomp.session import (
+from cluster.sending import Sender
+from pinmq.stomp.frames import Frame, FrameParser, encode_frame
+from pinmq.stomp.session import (
     CLOSE,
     ProtocolError,
     Session,
@@ -21,7 +22,6 @@ from broker.stomp.session import (
     prefetch_of,
     queue_name,
 )
-from cluster.sending import Sender
 
 
 class StubNode:

@@ -18,10 +18,10 @@ from ports import reserve_port
 from broker.client import Client
 from broker.config import NodeConfig
 from broker.node import Node
-from broker.pb import cluster_pb2 as cpb
-from broker.pb import cluster_pb2_grpc as cpb_grpc
 from cluster.connector import state_from_pb, state_to_pb
 from cluster.topology import Instance, NodeState, Topology
+from pinmq_pb import cluster_pb2 as cpb
+from pinmq_pb import cluster_pb2_grpc as cpb_grpc
 
 WAIT_S = 15.0
 

@@ -38,7 +38,7 @@ def running_pinmq(workdir: Path, pattern: str, consumers_before_dispatch: int) -
     log_path = workdir / "node.log"
     with log_path.open("ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "broker.cli", "node", "--config", str(path)],
+            [sys.executable, "-m", "pinmq.cli", "node", "--config", str(path)],
             cwd=REPO,
             stdin=subprocess.DEVNULL,
             stdout=log,

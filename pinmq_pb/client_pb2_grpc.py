@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from broker.pb import client_pb2 as broker_dot_pb_dot_client__pb2
+from pinmq_pb import client_pb2 as pinmq__pb_dot_client__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in broker/pb/client_pb2_grpc.py depends on'
+        + ' but the generated code in pinmq_pb/client_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,23 +36,23 @@ class BrokerStub:
         """
         self.Send = channel.unary_unary(
                 '/pinmq.client.v1.Broker/Send',
-                request_serializer=broker_dot_pb_dot_client__pb2.SendRequest.SerializeToString,
-                response_deserializer=broker_dot_pb_dot_client__pb2.SendResponse.FromString,
+                request_serializer=pinmq__pb_dot_client__pb2.SendRequest.SerializeToString,
+                response_deserializer=pinmq__pb_dot_client__pb2.SendResponse.FromString,
                 _registered_method=True)
         self.SendBatch = channel.unary_unary(
                 '/pinmq.client.v1.Broker/SendBatch',
-                request_serializer=broker_dot_pb_dot_client__pb2.SendBatchRequest.SerializeToString,
-                response_deserializer=broker_dot_pb_dot_client__pb2.SendBatchResponse.FromString,
+                request_serializer=pinmq__pb_dot_client__pb2.SendBatchRequest.SerializeToString,
+                response_deserializer=pinmq__pb_dot_client__pb2.SendBatchResponse.FromString,
                 _registered_method=True)
         self.SendStream = channel.stream_stream(
                 '/pinmq.client.v1.Broker/SendStream',
-                request_serializer=broker_dot_pb_dot_client__pb2.SendBatchRequest.SerializeToString,
-                response_deserializer=broker_dot_pb_dot_client__pb2.SendResult.FromString,
+                request_serializer=pinmq__pb_dot_client__pb2.SendBatchRequest.SerializeToString,
+                response_deserializer=pinmq__pb_dot_client__pb2.SendResult.FromString,
                 _registered_method=True)
         self.Consume = channel.stream_stream(
                 '/pinmq.client.v1.Broker/Consume',
-                request_serializer=broker_dot_pb_dot_client__pb2.ConsumeRequest.SerializeToString,
-                response_deserializer=broker_dot_pb_dot_client__pb2.ConsumeResponse.FromString,
+                request_serializer=pinmq__pb_dot_client__pb2.ConsumeRequest.SerializeToString,
+                response_deserializer=pinmq__pb_dot_client__pb2.ConsumeResponse.FromString,
                 _registered_method=True)
 
 
@@ -89,23 +89,23 @@ def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Send': grpc.unary_unary_rpc_method_handler(
                     servicer.Send,
-                    request_deserializer=broker_dot_pb_dot_client__pb2.SendRequest.FromString,
-                    response_serializer=broker_dot_pb_dot_client__pb2.SendResponse.SerializeToString,
+                    request_deserializer=pinmq__pb_dot_client__pb2.SendRequest.FromString,
+                    response_serializer=pinmq__pb_dot_client__pb2.SendResponse.SerializeToString,
             ),
             'SendBatch': grpc.unary_unary_rpc_method_handler(
                     servicer.SendBatch,
-                    request_deserializer=broker_dot_pb_dot_client__pb2.SendBatchRequest.FromString,
-                    response_serializer=broker_dot_pb_dot_client__pb2.SendBatchResponse.SerializeToString,
+                    request_deserializer=pinmq__pb_dot_client__pb2.SendBatchRequest.FromString,
+                    response_serializer=pinmq__pb_dot_client__pb2.SendBatchResponse.SerializeToString,
             ),
             'SendStream': grpc.stream_stream_rpc_method_handler(
                     servicer.SendStream,
-                    request_deserializer=broker_dot_pb_dot_client__pb2.SendBatchRequest.FromString,
-                    response_serializer=broker_dot_pb_dot_client__pb2.SendResult.SerializeToString,
+                    request_deserializer=pinmq__pb_dot_client__pb2.SendBatchRequest.FromString,
+                    response_serializer=pinmq__pb_dot_client__pb2.SendResult.SerializeToString,
             ),
             'Consume': grpc.stream_stream_rpc_method_handler(
                     servicer.Consume,
-                    request_deserializer=broker_dot_pb_dot_client__pb2.ConsumeRequest.FromString,
-                    response_serializer=broker_dot_pb_dot_client__pb2.ConsumeResponse.SerializeToString,
+                    request_deserializer=pinmq__pb_dot_client__pb2.ConsumeRequest.FromString,
+                    response_serializer=pinmq__pb_dot_client__pb2.ConsumeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -133,8 +133,8 @@ class Broker:
             request,
             target,
             '/pinmq.client.v1.Broker/Send',
-            broker_dot_pb_dot_client__pb2.SendRequest.SerializeToString,
-            broker_dot_pb_dot_client__pb2.SendResponse.FromString,
+            pinmq__pb_dot_client__pb2.SendRequest.SerializeToString,
+            pinmq__pb_dot_client__pb2.SendResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -160,8 +160,8 @@ class Broker:
             request,
             target,
             '/pinmq.client.v1.Broker/SendBatch',
-            broker_dot_pb_dot_client__pb2.SendBatchRequest.SerializeToString,
-            broker_dot_pb_dot_client__pb2.SendBatchResponse.FromString,
+            pinmq__pb_dot_client__pb2.SendBatchRequest.SerializeToString,
+            pinmq__pb_dot_client__pb2.SendBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -187,8 +187,8 @@ class Broker:
             request_iterator,
             target,
             '/pinmq.client.v1.Broker/SendStream',
-            broker_dot_pb_dot_client__pb2.SendBatchRequest.SerializeToString,
-            broker_dot_pb_dot_client__pb2.SendResult.FromString,
+            pinmq__pb_dot_client__pb2.SendBatchRequest.SerializeToString,
+            pinmq__pb_dot_client__pb2.SendResult.FromString,
             options,
             channel_credentials,
             insecure,
@@ -214,8 +214,8 @@ class Broker:
             request_iterator,
             target,
             '/pinmq.client.v1.Broker/Consume',
-            broker_dot_pb_dot_client__pb2.ConsumeRequest.SerializeToString,
-            broker_dot_pb_dot_client__pb2.ConsumeResponse.FromString,
+            pinmq__pb_dot_client__pb2.ConsumeRequest.SerializeToString,
+            pinmq__pb_dot_client__pb2.ConsumeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -238,43 +238,43 @@ class AdminStub:
         """
         self.CreateQueue = channel.unary_unary(
                 '/pinmq.client.v1.Admin/CreateQueue',
-                request_serializer=broker_dot_pb_dot_client__pb2.CreateQueueRequest.SerializeToString,
-                response_deserializer=broker_dot_pb_dot_client__pb2.CreateQueueResponse.FromString,
+                request_serializer=pinmq__pb_dot_client__pb2.CreateQueueRequest.SerializeToString,
+                response_deserializer=pinmq__pb_dot_client__pb2.CreateQueueResponse.FromString,
                 _registered_method=True)
         self.DeleteQueue = channel.unary_unary(
                 '/pinmq.client.v1.Admin/DeleteQueue',
-                request_serializer=broker_dot_pb_dot_client__pb2.DeleteQueueRequest.SerializeToString,
-                response_deserializer=broker_dot_pb_dot_client__pb2.DeleteQueueResponse.FromString,
+                request_serializer=pinmq__pb_dot_client__pb2.DeleteQueueRequest.SerializeToString,
+                response_deserializer=pinmq__pb_dot_client__pb2.DeleteQueueResponse.FromString,
                 _registered_method=True)
         self.ListQueues = channel.unary_unary(
                 '/pinmq.client.v1.Admin/ListQueues',
-                request_serializer=broker_dot_pb_dot_client__pb2.ListQueuesRequest.SerializeToString,
-                response_deserializer=broker_dot_pb_dot_client__pb2.ListQueuesResponse.FromString,
+                request_serializer=pinmq__pb_dot_client__pb2.ListQueuesRequest.SerializeToString,
+                response_deserializer=pinmq__pb_dot_client__pb2.ListQueuesResponse.FromString,
                 _registered_method=True)
         self.ListGroups = channel.unary_unary(
                 '/pinmq.client.v1.Admin/ListGroups',
-                request_serializer=broker_dot_pb_dot_client__pb2.ListGroupsRequest.SerializeToString,
-                response_deserializer=broker_dot_pb_dot_client__pb2.ListGroupsResponse.FromString,
+                request_serializer=pinmq__pb_dot_client__pb2.ListGroupsRequest.SerializeToString,
+                response_deserializer=pinmq__pb_dot_client__pb2.ListGroupsResponse.FromString,
                 _registered_method=True)
         self.ResetGroups = channel.unary_unary(
                 '/pinmq.client.v1.Admin/ResetGroups',
-                request_serializer=broker_dot_pb_dot_client__pb2.ResetGroupsRequest.SerializeToString,
-                response_deserializer=broker_dot_pb_dot_client__pb2.ResetGroupsResponse.FromString,
+                request_serializer=pinmq__pb_dot_client__pb2.ResetGroupsRequest.SerializeToString,
+                response_deserializer=pinmq__pb_dot_client__pb2.ResetGroupsResponse.FromString,
                 _registered_method=True)
         self.ClusterGroups = channel.unary_unary(
                 '/pinmq.client.v1.Admin/ClusterGroups',
-                request_serializer=broker_dot_pb_dot_client__pb2.ClusterGroupsRequest.SerializeToString,
-                response_deserializer=broker_dot_pb_dot_client__pb2.ClusterGroupsResponse.FromString,
+                request_serializer=pinmq__pb_dot_client__pb2.ClusterGroupsRequest.SerializeToString,
+                response_deserializer=pinmq__pb_dot_client__pb2.ClusterGroupsResponse.FromString,
                 _registered_method=True)
         self.ClusterResetGroup = channel.unary_unary(
                 '/pinmq.client.v1.Admin/ClusterResetGroup',
-                request_serializer=broker_dot_pb_dot_client__pb2.ClusterResetGroupRequest.SerializeToString,
-                response_deserializer=broker_dot_pb_dot_client__pb2.ClusterResetGroupResponse.FromString,
+                request_serializer=pinmq__pb_dot_client__pb2.ClusterResetGroupRequest.SerializeToString,
+                response_deserializer=pinmq__pb_dot_client__pb2.ClusterResetGroupResponse.FromString,
                 _registered_method=True)
         self.ClusterStatus = channel.unary_unary(
                 '/pinmq.client.v1.Admin/ClusterStatus',
-                request_serializer=broker_dot_pb_dot_client__pb2.ClusterStatusRequest.SerializeToString,
-                response_deserializer=broker_dot_pb_dot_client__pb2.ClusterStatusResponse.FromString,
+                request_serializer=pinmq__pb_dot_client__pb2.ClusterStatusRequest.SerializeToString,
+                response_deserializer=pinmq__pb_dot_client__pb2.ClusterStatusResponse.FromString,
                 _registered_method=True)
 
 
@@ -337,43 +337,43 @@ def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'CreateQueue': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateQueue,
-                    request_deserializer=broker_dot_pb_dot_client__pb2.CreateQueueRequest.FromString,
-                    response_serializer=broker_dot_pb_dot_client__pb2.CreateQueueResponse.SerializeToString,
+                    request_deserializer=pinmq__pb_dot_client__pb2.CreateQueueRequest.FromString,
+                    response_serializer=pinmq__pb_dot_client__pb2.CreateQueueResponse.SerializeToString,
             ),
             'DeleteQueue': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteQueue,
-                    request_deserializer=broker_dot_pb_dot_client__pb2.DeleteQueueRequest.FromString,
-                    response_serializer=broker_dot_pb_dot_client__pb2.DeleteQueueResponse.SerializeToString,
+                    request_deserializer=pinmq__pb_dot_client__pb2.DeleteQueueRequest.FromString,
+                    response_serializer=pinmq__pb_dot_client__pb2.DeleteQueueResponse.SerializeToString,
             ),
             'ListQueues': grpc.unary_unary_rpc_method_handler(
                     servicer.ListQueues,
-                    request_deserializer=broker_dot_pb_dot_client__pb2.ListQueuesRequest.FromString,
-                    response_serializer=broker_dot_pb_dot_client__pb2.ListQueuesResponse.SerializeToString,
+                    request_deserializer=pinmq__pb_dot_client__pb2.ListQueuesRequest.FromString,
+                    response_serializer=pinmq__pb_dot_client__pb2.ListQueuesResponse.SerializeToString,
             ),
             'ListGroups': grpc.unary_unary_rpc_method_handler(
                     servicer.ListGroups,
-                    request_deserializer=broker_dot_pb_dot_client__pb2.ListGroupsRequest.FromString,
-                    response_serializer=broker_dot_pb_dot_client__pb2.ListGroupsResponse.SerializeToString,
+                    request_deserializer=pinmq__pb_dot_client__pb2.ListGroupsRequest.FromString,
+                    response_serializer=pinmq__pb_dot_client__pb2.ListGroupsResponse.SerializeToString,
             ),
             'ResetGroups': grpc.unary_unary_rpc_method_handler(
                     servicer.ResetGroups,
-                    request_deserializer=broker_dot_pb_dot_client__pb2.ResetGroupsRequest.FromString,
-                    response_serializer=broker_dot_pb_dot_client__pb2.ResetGroupsResponse.SerializeToString,
+                    request_deserializer=pinmq__pb_dot_client__pb2.ResetGroupsRequest.FromString,
+                    response_serializer=pinmq__pb_dot_client__pb2.ResetGroupsResponse.SerializeToString,
             ),
             'ClusterGroups': grpc.unary_unary_rpc_method_handler(
                     servicer.ClusterGroups,
-                    request_deserializer=broker_dot_pb_dot_client__pb2.ClusterGroupsRequest.FromString,
-                    response_serializer=broker_dot_pb_dot_client__pb2.ClusterGroupsResponse.SerializeToString,
+                    request_deserializer=pinmq__pb_dot_client__pb2.ClusterGroupsRequest.FromString,
+                    response_serializer=pinmq__pb_dot_client__pb2.ClusterGroupsResponse.SerializeToString,
             ),
             'ClusterResetGroup': grpc.unary_unary_rpc_method_handler(
                     servicer.ClusterResetGroup,
-                    request_deserializer=broker_dot_pb_dot_client__pb2.ClusterResetGroupRequest.FromString,
-                    response_serializer=broker_dot_pb_dot_client__pb2.ClusterResetGroupResponse.SerializeToString,
+                    request_deserializer=pinmq__pb_dot_client__pb2.ClusterResetGroupRequest.FromString,
+                    response_serializer=pinmq__pb_dot_client__pb2.ClusterResetGroupResponse.SerializeToString,
             ),
             'ClusterStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.ClusterStatus,
-                    request_deserializer=broker_dot_pb_dot_client__pb2.ClusterStatusRequest.FromString,
-                    response_serializer=broker_dot_pb_dot_client__pb2.ClusterStatusResponse.SerializeToString,
+                    request_deserializer=pinmq__pb_dot_client__pb2.ClusterStatusRequest.FromString,
+                    response_serializer=pinmq__pb_dot_client__pb2.ClusterStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -401,8 +401,8 @@ class Admin:
             request,
             target,
             '/pinmq.client.v1.Admin/CreateQueue',
-            broker_dot_pb_dot_client__pb2.CreateQueueRequest.SerializeToString,
-            broker_dot_pb_dot_client__pb2.CreateQueueResponse.FromString,
+            pinmq__pb_dot_client__pb2.CreateQueueRequest.SerializeToString,
+            pinmq__pb_dot_client__pb2.CreateQueueResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -428,8 +428,8 @@ class Admin:
             request,
             target,
             '/pinmq.client.v1.Admin/DeleteQueue',
-            broker_dot_pb_dot_client__pb2.DeleteQueueRequest.SerializeToString,
-            broker_dot_pb_dot_client__pb2.DeleteQueueResponse.FromString,
+            pinmq__pb_dot_client__pb2.DeleteQueueRequest.SerializeToString,
+            pinmq__pb_dot_client__pb2.DeleteQueueResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -455,8 +455,8 @@ class Admin:
             request,
             target,
             '/pinmq.client.v1.Admin/ListQueues',
-            broker_dot_pb_dot_client__pb2.ListQueuesRequest.SerializeToString,
-            broker_dot_pb_dot_client__pb2.ListQueuesResponse.FromString,
+            pinmq__pb_dot_client__pb2.ListQueuesRequest.SerializeToString,
+            pinmq__pb_dot_client__pb2.ListQueuesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -482,8 +482,8 @@ class Admin:
             request,
             target,
             '/pinmq.client.v1.Admin/ListGroups',
-            broker_dot_pb_dot_client__pb2.ListGroupsRequest.SerializeToString,
-            broker_dot_pb_dot_client__pb2.ListGroupsResponse.FromString,
+            pinmq__pb_dot_client__pb2.ListGroupsRequest.SerializeToString,
+            pinmq__pb_dot_client__pb2.ListGroupsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -509,8 +509,8 @@ class Admin:
             request,
             target,
             '/pinmq.client.v1.Admin/ResetGroups',
-            broker_dot_pb_dot_client__pb2.ResetGroupsRequest.SerializeToString,
-            broker_dot_pb_dot_client__pb2.ResetGroupsResponse.FromString,
+            pinmq__pb_dot_client__pb2.ResetGroupsRequest.SerializeToString,
+            pinmq__pb_dot_client__pb2.ResetGroupsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -536,8 +536,8 @@ class Admin:
             request,
             target,
             '/pinmq.client.v1.Admin/ClusterGroups',
-            broker_dot_pb_dot_client__pb2.ClusterGroupsRequest.SerializeToString,
-            broker_dot_pb_dot_client__pb2.ClusterGroupsResponse.FromString,
+            pinmq__pb_dot_client__pb2.ClusterGroupsRequest.SerializeToString,
+            pinmq__pb_dot_client__pb2.ClusterGroupsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -563,8 +563,8 @@ class Admin:
             request,
             target,
             '/pinmq.client.v1.Admin/ClusterResetGroup',
-            broker_dot_pb_dot_client__pb2.ClusterResetGroupRequest.SerializeToString,
-            broker_dot_pb_dot_client__pb2.ClusterResetGroupResponse.FromString,
+            pinmq__pb_dot_client__pb2.ClusterResetGroupRequest.SerializeToString,
+            pinmq__pb_dot_client__pb2.ClusterResetGroupResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -590,8 +590,8 @@ class Admin:
             request,
             target,
             '/pinmq.client.v1.Admin/ClusterStatus',
-            broker_dot_pb_dot_client__pb2.ClusterStatusRequest.SerializeToString,
-            broker_dot_pb_dot_client__pb2.ClusterStatusResponse.FromString,
+            pinmq__pb_dot_client__pb2.ClusterStatusRequest.SerializeToString,
+            pinmq__pb_dot_client__pb2.ClusterStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -76,7 +76,7 @@ def up(config_paths: list[str], run_dir: Path, console: Console) -> int:
             continue
         log = (run_dir / f"{node_id}.log").open("ab")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "broker.cli", "node", "--config", str(path)],
+            [sys.executable, "-m", "pinmq.cli", "node", "--config", str(path)],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -1,8 +1,8 @@
-"""Regenerates the checked-in gRPC stubs in `broker/pb/` from `proto/*.proto`.
+"""Regenerates the checked-in gRPC stubs in `pinmq_pb/` from `proto/*.proto`.
 
-The protos are mapped onto the virtual path `broker/pb`, so the generated modules import each
-other package-qualified (`from broker.pb import client_pb2`) and never as a top-level `proto`.
-Run `python -m broker.protogen` (or `make proto`); `tests/test_proto_stubs.py` checks that the
+The protos are mapped onto the virtual path `pinmq_pb`, so the generated modules import each
+other package-qualified (`from pinmq_pb import client_pb2`) and never as a top-level `proto`.
+Run `python -m pinmq.protogen` (or `make proto`); `tests/test_proto_stubs.py` checks that the
 checked-in stubs match a fresh generation.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto"
-PB_PACKAGE = "broker/pb"
+PB_PACKAGE = "pinmq_pb"
 SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 
 
@@ -41,7 +41,7 @@ def _protoc(out_dir: Path) -> None:
 
 
 def generated_texts() -> dict[str, str]:
-    """Freshly generated stub files, keyed by file name inside `broker/pb`."""
+    """Freshly generated stub files, keyed by file name inside `pinmq_pb`."""
     with tempfile.TemporaryDirectory() as tmp:
         _protoc(Path(tmp))
         out = Path(tmp) / PB_PACKAGE
@@ -49,7 +49,7 @@ def generated_texts() -> dict[str, str]:
 
 
 def checked_in_texts() -> dict[str, str]:
-    """The stub files currently in `broker/pb`, keyed like `generated_texts`."""
+    """The stub files currently in `pinmq_pb`, keyed like `generated_texts`."""
     pb = ROOT / PB_PACKAGE
     return {p.name: p.read_text() for p in sorted(pb.iterdir()) if p.name.endswith(SUFFIXES)}
 

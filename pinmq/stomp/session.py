@@ -28,7 +28,9 @@ from broker.core import CoreError, QueueExists
 from broker.message import GROUP_ID_HEADER, GROUP_SEQ_HEADER
 from broker.node import ConsumerStream, now_ns
 from broker.queue import Delivery, Effects
-from broker.stomp.frames import (
+from broker.store import StoreError
+from cluster.sending import Outgoing
+from pinmq.stomp.frames import (
     ESCAPING_VERSIONS,
     Frame,
     FrameError,
@@ -39,8 +41,6 @@ from broker.stomp.frames import (
     escape_10_key,
     escape_10_value,
 )
-from broker.store import StoreError
-from cluster.sending import Outgoing
 
 if TYPE_CHECKING:
     from broker.node import Node

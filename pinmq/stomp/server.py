@@ -18,7 +18,7 @@ import socket
 from typing import TYPE_CHECKING, Any
 
 from broker import logs
-from broker.stomp.session import CLOSE, Session, Subscription
+from pinmq.stomp.session import CLOSE, Session, Subscription
 
 if TYPE_CHECKING:
     from broker.node import Node

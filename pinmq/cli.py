@@ -351,8 +351,8 @@ def _run_node(config_path: str) -> int:
 
 def _run_local(args: argparse.Namespace) -> int:
     """The verbs that run nodes on this machine rather than talk to one."""
-    from broker import launcher
     from broker.config import ConfigError
+    from pinmq import launcher
 
     try:
         if args.verb == "node":

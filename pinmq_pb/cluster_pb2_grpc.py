@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from broker.pb import cluster_pb2 as broker_dot_pb_dot_cluster__pb2
+from pinmq_pb import cluster_pb2 as pinmq__pb_dot_cluster__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in broker/pb/cluster_pb2_grpc.py depends on'
+        + ' but the generated code in pinmq_pb/cluster_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,23 +36,23 @@ class ClusterStub:
         """
         self.Gossip = channel.stream_stream(
                 '/pinmq.cluster.v1.Cluster/Gossip',
-                request_serializer=broker_dot_pb_dot_cluster__pb2.NodeState.SerializeToString,
-                response_deserializer=broker_dot_pb_dot_cluster__pb2.NodeState.FromString,
+                request_serializer=pinmq__pb_dot_cluster__pb2.NodeState.SerializeToString,
+                response_deserializer=pinmq__pb_dot_cluster__pb2.NodeState.FromString,
                 _registered_method=True)
         self.Forward = channel.stream_stream(
                 '/pinmq.cluster.v1.Cluster/Forward',
-                request_serializer=broker_dot_pb_dot_cluster__pb2.ForwardBatch.SerializeToString,
-                response_deserializer=broker_dot_pb_dot_cluster__pb2.ForwardAck.FromString,
+                request_serializer=pinmq__pb_dot_cluster__pb2.ForwardBatch.SerializeToString,
+                response_deserializer=pinmq__pb_dot_cluster__pb2.ForwardAck.FromString,
                 _registered_method=True)
         self.Inspect = channel.unary_unary(
                 '/pinmq.cluster.v1.Cluster/Inspect',
-                request_serializer=broker_dot_pb_dot_cluster__pb2.InspectRequest.SerializeToString,
-                response_deserializer=broker_dot_pb_dot_cluster__pb2.InspectResponse.FromString,
+                request_serializer=pinmq__pb_dot_cluster__pb2.InspectRequest.SerializeToString,
+                response_deserializer=pinmq__pb_dot_cluster__pb2.InspectResponse.FromString,
                 _registered_method=True)
         self.Groups = channel.unary_unary(
                 '/pinmq.cluster.v1.Cluster/Groups',
-                request_serializer=broker_dot_pb_dot_cluster__pb2.GroupsRequest.SerializeToString,
-                response_deserializer=broker_dot_pb_dot_cluster__pb2.GroupsReply.FromString,
+                request_serializer=pinmq__pb_dot_cluster__pb2.GroupsRequest.SerializeToString,
+                response_deserializer=pinmq__pb_dot_cluster__pb2.GroupsReply.FromString,
                 _registered_method=True)
 
 
@@ -92,23 +92,23 @@ def add_ClusterServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Gossip': grpc.stream_stream_rpc_method_handler(
                     servicer.Gossip,
-                    request_deserializer=broker_dot_pb_dot_cluster__pb2.NodeState.FromString,
-                    response_serializer=broker_dot_pb_dot_cluster__pb2.NodeState.SerializeToString,
+                    request_deserializer=pinmq__pb_dot_cluster__pb2.NodeState.FromString,
+                    response_serializer=pinmq__pb_dot_cluster__pb2.NodeState.SerializeToString,
             ),
             'Forward': grpc.stream_stream_rpc_method_handler(
                     servicer.Forward,
-                    request_deserializer=broker_dot_pb_dot_cluster__pb2.ForwardBatch.FromString,
-                    response_serializer=broker_dot_pb_dot_cluster__pb2.ForwardAck.SerializeToString,
+                    request_deserializer=pinmq__pb_dot_cluster__pb2.ForwardBatch.FromString,
+                    response_serializer=pinmq__pb_dot_cluster__pb2.ForwardAck.SerializeToString,
             ),
             'Inspect': grpc.unary_unary_rpc_method_handler(
                     servicer.Inspect,
-                    request_deserializer=broker_dot_pb_dot_cluster__pb2.InspectRequest.FromString,
-                    response_serializer=broker_dot_pb_dot_cluster__pb2.InspectResponse.SerializeToString,
+                    request_deserializer=pinmq__pb_dot_cluster__pb2.InspectRequest.FromString,
+                    response_serializer=pinmq__pb_dot_cluster__pb2.InspectResponse.SerializeToString,
             ),
             'Groups': grpc.unary_unary_rpc_method_handler(
                     servicer.Groups,
-                    request_deserializer=broker_dot_pb_dot_cluster__pb2.GroupsRequest.FromString,
-                    response_serializer=broker_dot_pb_dot_cluster__pb2.GroupsReply.SerializeToString,
+                    request_deserializer=pinmq__pb_dot_cluster__pb2.GroupsRequest.FromString,
+                    response_serializer=pinmq__pb_dot_cluster__pb2.GroupsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -136,8 +136,8 @@ class Cluster:
             request_iterator,
             target,
             '/pinmq.cluster.v1.Cluster/Gossip',
-            broker_dot_pb_dot_cluster__pb2.NodeState.SerializeToString,
-            broker_dot_pb_dot_cluster__pb2.NodeState.FromString,
+            pinmq__pb_dot_cluster__pb2.NodeState.SerializeToString,
+            pinmq__pb_dot_cluster__pb2.NodeState.FromString,
             options,
             channel_credentials,
             insecure,
@@ -163,8 +163,8 @@ class Cluster:
             request_iterator,
             target,
             '/pinmq.cluster.v1.Cluster/Forward',
-            broker_dot_pb_dot_cluster__pb2.ForwardBatch.SerializeToString,
-            broker_dot_pb_dot_cluster__pb2.ForwardAck.FromString,
+            pinmq__pb_dot_cluster__pb2.ForwardBatch.SerializeToString,
+            pinmq__pb_dot_cluster__pb2.ForwardAck.FromString,
             options,
             channel_credentials,
             insecure,
@@ -190,8 +190,8 @@ class Cluster:
             request,
             target,
             '/pinmq.cluster.v1.Cluster/Inspect',
-            broker_dot_pb_dot_cluster__pb2.InspectRequest.SerializeToString,
-            broker_dot_pb_dot_cluster__pb2.InspectResponse.FromString,
+            pinmq__pb_dot_cluster__pb2.InspectRequest.SerializeToString,
+            pinmq__pb_dot_cluster__pb2.InspectResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -217,8 +217,8 @@ class Cluster:
             request,
             target,
             '/pinmq.cluster.v1.Cluster/Groups',
-            broker_dot_pb_dot_cluster__pb2.GroupsRequest.SerializeToString,
-            broker_dot_pb_dot_cluster__pb2.GroupsReply.FromString,
+            pinmq__pb_dot_cluster__pb2.GroupsRequest.SerializeToString,
+            pinmq__pb_dot_cluster__pb2.GroupsReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -21,11 +21,11 @@ from pydantic import ValidationError
 from broker.config import QueueConfig
 from broker.core import CoreError
 from broker.node import ConsumerStream, Receipt, now_ns
-from broker.pb import client_pb2 as pb
-from broker.pb import client_pb2_grpc as pb_grpc
 from broker.queue import Delivery
 from broker.store import StoreError
 from cluster.sending import Outgoing
+from pinmq_pb import client_pb2 as pb
+from pinmq_pb import client_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
     from broker.node import Node

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from broker.pb import grouping_pb2 as broker_dot_pb_dot_grouping__pb2
+from pinmq_pb import grouping_pb2 as pinmq__pb_dot_grouping__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in broker/pb/grouping_pb2_grpc.py depends on'
+        + ' but the generated code in pinmq_pb/grouping_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,33 +36,33 @@ class GroupingHandlerStub:
         """
         self.Propose = channel.unary_unary(
                 '/pinmq.grouping.v1.GroupingHandler/Propose',
-                request_serializer=broker_dot_pb_dot_grouping__pb2.ProposeRequest.SerializeToString,
-                response_deserializer=broker_dot_pb_dot_grouping__pb2.BindingReply.FromString,
+                request_serializer=pinmq__pb_dot_grouping__pb2.ProposeRequest.SerializeToString,
+                response_deserializer=pinmq__pb_dot_grouping__pb2.BindingReply.FromString,
                 _registered_method=True)
         self.ProposeStream = channel.stream_stream(
                 '/pinmq.grouping.v1.GroupingHandler/ProposeStream',
-                request_serializer=broker_dot_pb_dot_grouping__pb2.ProposeBatch.SerializeToString,
-                response_deserializer=broker_dot_pb_dot_grouping__pb2.DecisionBatch.FromString,
+                request_serializer=pinmq__pb_dot_grouping__pb2.ProposeBatch.SerializeToString,
+                response_deserializer=pinmq__pb_dot_grouping__pb2.DecisionBatch.FromString,
                 _registered_method=True)
         self.Touch = channel.unary_unary(
                 '/pinmq.grouping.v1.GroupingHandler/Touch',
-                request_serializer=broker_dot_pb_dot_grouping__pb2.TouchRequest.SerializeToString,
-                response_deserializer=broker_dot_pb_dot_grouping__pb2.TouchReply.FromString,
+                request_serializer=pinmq__pb_dot_grouping__pb2.TouchRequest.SerializeToString,
+                response_deserializer=pinmq__pb_dot_grouping__pb2.TouchReply.FromString,
                 _registered_method=True)
         self.Removals = channel.unary_stream(
                 '/pinmq.grouping.v1.GroupingHandler/Removals',
-                request_serializer=broker_dot_pb_dot_grouping__pb2.RemovalsRequest.SerializeToString,
-                response_deserializer=broker_dot_pb_dot_grouping__pb2.Removal.FromString,
+                request_serializer=pinmq__pb_dot_grouping__pb2.RemovalsRequest.SerializeToString,
+                response_deserializer=pinmq__pb_dot_grouping__pb2.Removal.FromString,
                 _registered_method=True)
         self.List = channel.unary_unary(
                 '/pinmq.grouping.v1.GroupingHandler/List',
-                request_serializer=broker_dot_pb_dot_grouping__pb2.ListRequest.SerializeToString,
-                response_deserializer=broker_dot_pb_dot_grouping__pb2.ListReply.FromString,
+                request_serializer=pinmq__pb_dot_grouping__pb2.ListRequest.SerializeToString,
+                response_deserializer=pinmq__pb_dot_grouping__pb2.ListReply.FromString,
                 _registered_method=True)
         self.Unbind = channel.unary_unary(
                 '/pinmq.grouping.v1.GroupingHandler/Unbind',
-                request_serializer=broker_dot_pb_dot_grouping__pb2.UnbindRequest.SerializeToString,
-                response_deserializer=broker_dot_pb_dot_grouping__pb2.UnbindReply.FromString,
+                request_serializer=pinmq__pb_dot_grouping__pb2.UnbindRequest.SerializeToString,
+                response_deserializer=pinmq__pb_dot_grouping__pb2.UnbindReply.FromString,
                 _registered_method=True)
 
 
@@ -123,33 +123,33 @@ def add_GroupingHandlerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Propose': grpc.unary_unary_rpc_method_handler(
                     servicer.Propose,
-                    request_deserializer=broker_dot_pb_dot_grouping__pb2.ProposeRequest.FromString,
-                    response_serializer=broker_dot_pb_dot_grouping__pb2.BindingReply.SerializeToString,
+                    request_deserializer=pinmq__pb_dot_grouping__pb2.ProposeRequest.FromString,
+                    response_serializer=pinmq__pb_dot_grouping__pb2.BindingReply.SerializeToString,
             ),
             'ProposeStream': grpc.stream_stream_rpc_method_handler(
                     servicer.ProposeStream,
-                    request_deserializer=broker_dot_pb_dot_grouping__pb2.ProposeBatch.FromString,
-                    response_serializer=broker_dot_pb_dot_grouping__pb2.DecisionBatch.SerializeToString,
+                    request_deserializer=pinmq__pb_dot_grouping__pb2.ProposeBatch.FromString,
+                    response_serializer=pinmq__pb_dot_grouping__pb2.DecisionBatch.SerializeToString,
             ),
             'Touch': grpc.unary_unary_rpc_method_handler(
                     servicer.Touch,
-                    request_deserializer=broker_dot_pb_dot_grouping__pb2.TouchRequest.FromString,
-                    response_serializer=broker_dot_pb_dot_grouping__pb2.TouchReply.SerializeToString,
+                    request_deserializer=pinmq__pb_dot_grouping__pb2.TouchRequest.FromString,
+                    response_serializer=pinmq__pb_dot_grouping__pb2.TouchReply.SerializeToString,
             ),
             'Removals': grpc.unary_stream_rpc_method_handler(
                     servicer.Removals,
-                    request_deserializer=broker_dot_pb_dot_grouping__pb2.RemovalsRequest.FromString,
-                    response_serializer=broker_dot_pb_dot_grouping__pb2.Removal.SerializeToString,
+                    request_deserializer=pinmq__pb_dot_grouping__pb2.RemovalsRequest.FromString,
+                    response_serializer=pinmq__pb_dot_grouping__pb2.Removal.SerializeToString,
             ),
             'List': grpc.unary_unary_rpc_method_handler(
                     servicer.List,
-                    request_deserializer=broker_dot_pb_dot_grouping__pb2.ListRequest.FromString,
-                    response_serializer=broker_dot_pb_dot_grouping__pb2.ListReply.SerializeToString,
+                    request_deserializer=pinmq__pb_dot_grouping__pb2.ListRequest.FromString,
+                    response_serializer=pinmq__pb_dot_grouping__pb2.ListReply.SerializeToString,
             ),
             'Unbind': grpc.unary_unary_rpc_method_handler(
                     servicer.Unbind,
-                    request_deserializer=broker_dot_pb_dot_grouping__pb2.UnbindRequest.FromString,
-                    response_serializer=broker_dot_pb_dot_grouping__pb2.UnbindReply.SerializeToString,
+                    request_deserializer=pinmq__pb_dot_grouping__pb2.UnbindRequest.FromString,
+                    response_serializer=pinmq__pb_dot_grouping__pb2.UnbindReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -177,8 +177,8 @@ class GroupingHandler:
             request,
             target,
             '/pinmq.grouping.v1.GroupingHandler/Propose',
-            broker_dot_pb_dot_grouping__pb2.ProposeRequest.SerializeToString,
-            broker_dot_pb_dot_grouping__pb2.BindingReply.FromString,
+            pinmq__pb_dot_grouping__pb2.ProposeRequest.SerializeToString,
+            pinmq__pb_dot_grouping__pb2.BindingReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -204,8 +204,8 @@ class GroupingHandler:
             request_iterator,
             target,
             '/pinmq.grouping.v1.GroupingHandler/ProposeStream',
-            broker_dot_pb_dot_grouping__pb2.ProposeBatch.SerializeToString,
-            broker_dot_pb_dot_grouping__pb2.DecisionBatch.FromString,
+            pinmq__pb_dot_grouping__pb2.ProposeBatch.SerializeToString,
+            pinmq__pb_dot_grouping__pb2.DecisionBatch.FromString,
             options,
             channel_credentials,
             insecure,
@@ -231,8 +231,8 @@ class GroupingHandler:
             request,
             target,
             '/pinmq.grouping.v1.GroupingHandler/Touch',
-            broker_dot_pb_dot_grouping__pb2.TouchRequest.SerializeToString,
-            broker_dot_pb_dot_grouping__pb2.TouchReply.FromString,
+            pinmq__pb_dot_grouping__pb2.TouchRequest.SerializeToString,
+            pinmq__pb_dot_grouping__pb2.TouchReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -258,8 +258,8 @@ class GroupingHandler:
             request,
             target,
             '/pinmq.grouping.v1.GroupingHandler/Removals',
-            broker_dot_pb_dot_grouping__pb2.RemovalsRequest.SerializeToString,
-            broker_dot_pb_dot_grouping__pb2.Removal.FromString,
+            pinmq__pb_dot_grouping__pb2.RemovalsRequest.SerializeToString,
+            pinmq__pb_dot_grouping__pb2.Removal.FromString,
             options,
             channel_credentials,
             insecure,
@@ -285,8 +285,8 @@ class GroupingHandler:
             request,
             target,
             '/pinmq.grouping.v1.GroupingHandler/List',
-            broker_dot_pb_dot_grouping__pb2.ListRequest.SerializeToString,
-            broker_dot_pb_dot_grouping__pb2.ListReply.FromString,
+            pinmq__pb_dot_grouping__pb2.ListRequest.SerializeToString,
+            pinmq__pb_dot_grouping__pb2.ListReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -312,8 +312,8 @@ class GroupingHandler:
             request,
             target,
             '/pinmq.grouping.v1.GroupingHandler/Unbind',
-            broker_dot_pb_dot_grouping__pb2.UnbindRequest.SerializeToString,
-            broker_dot_pb_dot_grouping__pb2.UnbindReply.FromString,
+            pinmq__pb_dot_grouping__pb2.UnbindRequest.SerializeToString,
+            pinmq__pb_dot_grouping__pb2.UnbindReply.FromString,
             options,
             channel_credentials,
             insecure,
