@@ -12,18 +12,19 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from grpc import aio
 
+from broker.config import ClusterSection
+from broker.core import CoreError
 from cluster.bridge import SF_PREFIX
 from cluster.connector import CHANNEL_OPTIONS
-from handler.api import BindingUse, HandlerUnavailable
+from cluster.local import LocalNode
+from cluster.topology import Topology
+from handler.api import BindingUse, GroupingHandler, HandlerUnavailable
 from pinmq_pb import cluster_pb2 as pb
 from pinmq_pb import cluster_pb2_grpc as pb_grpc
-
-if TYPE_CHECKING:
-    from broker.node import Node
 
 PEER_TIMEOUT_S = 5.0
 _MS = 1_000_000
@@ -58,13 +59,24 @@ class ClusterGroup:
     last_use_unix_ms: int = 0
 
 
-def node_groups(node: Node, queue: str | None, group: str | None) -> list[GroupRow]:
+class GroupsHost(Protocol):
+    """What the group listings need of the cluster node (`cluster/node.py`)."""
+
+    node: LocalNode
+    node_id: str
+    config: ClusterSection
+    topology: Topology
+
+    def peer_address(self, node_id: str) -> str | None: ...
+
+    def problems(self) -> list[str]: ...
+
+
+def node_groups(cluster: GroupsHost, queue: str | None, group: str | None) -> list[GroupRow]:
     """This node's group table rows of its clustered queues (of one queue, one group)."""
-    cluster = node.cluster
-    assert cluster is not None
     covers = cluster.config.covers
     rows: list[GroupRow] = []
-    for q in node.core.queues():
+    for q in cluster.node.core.queues():
         if (queue and q.name != queue) or q.name.startswith(SF_PREFIX) or not covers(q.address):
             continue
         for g in q.groups():
@@ -132,12 +144,12 @@ def merge(bindings: Iterable[BindingUse], rows: Iterable[GroupRow]) -> list[Clus
 
 
 async def cluster_groups(
-    node: Node, queue: str | None = None, group: str | None = None
+    cluster: GroupsHost,
+    handler: GroupingHandler | None,
+    queue: str | None = None,
+    group: str | None = None,
 ) -> tuple[list[ClusterGroup], list[str]]:
     """Every group of the cluster (of one queue, one group) and who did not answer."""
-    cluster = node.cluster
-    assert cluster is not None
-    handler = node.handler
     unreachable: list[str] = []
 
     async def bindings() -> list[BindingUse]:
@@ -167,5 +179,62 @@ async def cluster_groups(
     listed, *tables = await asyncio.gather(
         bindings(), *(table(peer) for peer in cluster.topology.peers())
     )
-    rows = node_groups(node, queue, group) + [r for t in tables for r in t]
+    rows = node_groups(cluster, queue, group) + [r for t in tables for r in t]
     return merge(listed, rows), sorted(unreachable)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatus:
+    """One node as this node sees it: linked or not, its handler, its consumers per queue."""
+
+    node_id: str
+    connected: bool
+    handler: str  # "LOCAL", "REMOTE" or ""
+    consumers: dict[str, int]
+
+
+class ClusterAdministration:
+    """The cluster side of the client Admin API (`broker/admin.py`'s ClusterAdmin)."""
+
+    def __init__(self, cluster: GroupsHost, handler: GroupingHandler | None) -> None:
+        self.cluster = cluster
+        self.handler = handler
+        self.node_id = cluster.node_id
+
+    async def groups(
+        self, queue: str | None, group: str | None
+    ) -> tuple[list[ClusterGroup], list[str]]:
+        return await cluster_groups(self.cluster, self.handler, queue, group)
+
+    def problems(self) -> list[str]:
+        return self.cluster.problems()
+
+    async def reset_group(self, group: str, queue: str | None) -> int:
+        """Unbind a group at the LOCAL handler; CoreError (with a gRPC code) when it cannot."""
+        if self.handler is None:
+            raise AdminRefused("failed_precondition", "this node has no grouping handler")
+        if not group:
+            raise AdminRefused("invalid_argument", "group must not be empty")
+        try:
+            return await self.handler.unbind(group, queue)
+        except HandlerUnavailable as err:
+            raise AdminRefused("unavailable", str(err)) from None
+
+    def status(self) -> list[NodeStatus]:
+        return [
+            NodeStatus(
+                view.state.node_id,
+                view.connected,
+                view.state.handler or "",
+                {q: n for queues in view.state.instances.values() for q, n in queues.items()},
+            )
+            for view in self.cluster.topology.nodes()
+        ]
+
+
+class AdminRefused(CoreError):
+    """A cluster admin request the node refuses; `code` names the gRPC status."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code

@@ -19,24 +19,38 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import grpc
 from grpc import aio
 
 from broker import logs
-from broker.config import QueueConfig
+from broker.clock import now_ns
+from broker.config import ClusterSection, QueueConfig
 from broker.core import CoreError
-from broker.node import ConsumerStream, now_ns
+from broker.engine import ConsumerStream
 from broker.queue import Delivery, Effects
 from cluster.connector import CHANNEL_OPTIONS
+from cluster.local import LocalNode
 from pinmq_pb import cluster_pb2 as pb
 from pinmq_pb import cluster_pb2_grpc as pb_grpc
 
-if TYPE_CHECKING:
-    from cluster.node import ClusterNode
-
 log = logs.get("cluster")
+
+
+class BridgeHost(Protocol):
+    """What forwarding needs of the cluster node that runs it (`cluster/node.py`)."""
+
+    node: LocalNode
+    node_id: str
+    store_id: int
+    config: ClusterSection
+    stopping: bool
+
+    async def reachable(self, node_id: str) -> str: ...
+
+    def bridge_ended(self, bridge: Bridge) -> None: ...
+
 
 FORWARD_HEADER = "_pinmq_fwd"  # SF queue: the target queue; at the receiver: "origin:seq"
 PREFETCH = 500  # forwarded messages in flight per peer, unacknowledged by it
@@ -60,7 +74,7 @@ def sf_queue(cluster_name: str, node_id: str) -> str:
 class ForwardReceiver:
     """Enqueues forwarded batches into local queues exactly once per origin sequence."""
 
-    def __init__(self, cluster: ClusterNode) -> None:
+    def __init__(self, cluster: BridgeHost) -> None:
         self.cluster = cluster
         self._accepted: dict[str, int] = {}  # origin key -> highest seq enqueued (maybe unwritten)
         self._writes: dict[str, asyncio.Future[None]] = {}  # origin key -> latest mark write
@@ -110,7 +124,7 @@ class ForwardReceiver:
             write = self._writes.get(key)
             return mark, write if write is not None and not write.done() else None
         self._accepted[key] = top
-        # One write for the messages and the mark; through Node.apply like any send, so the
+        # One write for the messages and the mark; through Engine.apply like any send, so the
         # messages are audited (`sent` here) and gate their deliveries the same way.
         write = node.apply(fx, marks={key: top})
         assert write is not None  # a mark is always written
@@ -161,7 +175,7 @@ class _QueueGone(Exception):
 class Bridge:
     """Drains one peer's SF queue to that peer whenever it is reachable."""
 
-    def __init__(self, cluster: ClusterNode, peer: str) -> None:
+    def __init__(self, cluster: BridgeHost, peer: str) -> None:
         self.cluster = cluster
         self.peer = peer
         self.queue = sf_queue(cluster.config.name, peer)

@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import grpc
 from grpc import aio
 
 from broker import logs
+from broker.config import ClusterSection
 from cluster.topology import HandlerType, NodeState
 from pinmq_pb import cluster_pb2 as pb
 from pinmq_pb import cluster_pb2_grpc as pb_grpc
-
-if TYPE_CHECKING:
-    from cluster.node import ClusterNode
 
 log = logs.get("cluster")
 
@@ -90,10 +88,31 @@ def state_from_pb(msg: pb.NodeState) -> NodeState:
     )
 
 
+class GossipHost(Protocol):
+    """What a gossip link needs of the cluster node it belongs to (`cluster/node.py`)."""
+
+    node_id: str
+    config: ClusterSection
+    stopping: bool
+
+    @property
+    def local_state(self) -> NodeState: ...
+
+    def attach(self, link: GossipLink) -> None: ...
+
+    def detach(self, link: GossipLink) -> None: ...
+
+    def link_up(self, link: GossipLink, state: NodeState) -> None: ...
+
+    def peer_state(self, link: GossipLink, state: NodeState) -> None: ...
+
+    def refused(self, reason: str) -> None: ...
+
+
 class GossipLink:
     """One gossip stream; `via` is the connector address when this node dialled it."""
 
-    def __init__(self, cluster: ClusterNode, via: str | None) -> None:
+    def __init__(self, cluster: GossipHost, via: str | None) -> None:
         self.cluster = cluster
         self.via = via
         self.peer: str | None = None
@@ -192,7 +211,7 @@ class GossipLink:
             )
 
 
-async def run_connector(cluster: ClusterNode, address: str) -> None:
+async def run_connector(cluster: GossipHost, address: str) -> None:
     """Keep one gossip link to `address` up, re-dialling every reconnect-interval."""
     interval = cluster.config.reconnect_interval / 1000
     logged: str | None = None  # the last failure logged, so a long outage logs once

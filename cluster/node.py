@@ -1,4 +1,4 @@
-"""`ClusterNode`: a node's cluster connections, started by `Node` when `cluster` is configured.
+"""`ClusterNode`: a node's cluster connections, built by the node process when `cluster` is set.
 
 It owns the cluster gRPC server on `listen.cluster` (the Cluster service, plus whatever
 `add_servicer` registers, e.g. the grouping handler), one gossip link per connector, the
@@ -15,11 +15,11 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
 from grpc import aio
 
 from broker import logs
+from broker.config import ClusterSection
 from broker.queue import Effects
 from cluster.bridge import (
     FORWARD_HEADER,
@@ -30,14 +30,11 @@ from cluster.bridge import (
     sf_queue,
 )
 from cluster.connector import SERVER_OPTIONS, GossipLink, run_connector
+from cluster.local import LocalNode
 from cluster.routing import Router
 from cluster.service import ClusterService
 from cluster.topology import Instance, NodeState, Topology
 from pinmq_pb import cluster_pb2_grpc as pb_grpc
-
-if TYPE_CHECKING:
-    from broker.config import ClusterSection
-    from broker.node import Node
 
 log = logs.get("cluster")
 
@@ -51,7 +48,7 @@ Callback = Callable[[Topology], None]
 class ClusterNode:
     """The cluster side of one node. Create, `add_servicer(...)`, then `await start()`."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: LocalNode) -> None:
         config = node.config.cluster
         if config is None:
             raise ValueError("the node has no cluster section")
@@ -184,7 +181,7 @@ class ClusterNode:
     ) -> Effects:
         """Enqueue a message for `queue@node_id` into that node's SF queue (created on demand).
 
-        Hand the Effects to `Node.apply` and await its write before acknowledging the send;
+        Hand the Effects to `LocalNode.apply` and await its write before acknowledging the send;
         the message's id is `fx.added[-1].msg_id`. The bridge to the node starts if needed.
         """
         if node_id == self.node_id:

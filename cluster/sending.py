@@ -1,7 +1,8 @@
-"""The one send path of a node (gRPC and STOMP alike): which queue instance each message goes to.
+"""The clustered send path (`broker/sending.py`'s SendPath): which queue instance each message
+goes to, for gRPC and STOMP alike.
 
-On a node without `cluster`, or for an address the cluster does not cover, a batch goes through
-`BrokerCore.send` exactly as on a standalone node. On a clustered address every target queue of
+For an address the cluster does not cover, a message goes through `BrokerCore.send` exactly as
+on a standalone node. On a clustered address every target queue of
 the message (one for anycast, each queue for multicast) gets an instance `queue@node`:
 
 - ungrouped (or no grouping handler covers the address): `ClusterNode.choose`;
@@ -30,38 +31,24 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from broker import logs
+from broker.clock import now_ns
 from broker.config import QueueConfig
 from broker.core import CoreError
-from broker.node import now_ns
 from broker.queue import Effects, Queue, group_key
+from broker.sending import Outgoing, Sent
 from cluster.bridge import SF_PREFIX
+from cluster.local import LocalNode
+from cluster.node import ClusterNode
+from cluster.topology import Instance
 from handler.api import Binding, DecisionTimeout, GroupingHandler, HandlerUnavailable
 from handler.bindings import BindingStoreError
-
-if TYPE_CHECKING:
-    from broker.node import Node
-    from cluster.node import ClusterNode
-    from cluster.topology import Instance
 
 log = logs.get("cluster")
 
 Key = tuple[str, str]  # (group key, queue)
 Target = tuple[str, str | None, Binding | None]  # (queue, node, binding); node None: this node
-Sent = tuple[list[int], Effects]  # one msg id per message (the first copy's), what to apply
-
-
-@dataclass(slots=True)
-class Outgoing:
-    """A message as a client sent it, before routing."""
-
-    address: str
-    body: bytes
-    headers: dict[str, str]
-    persistent: bool
 
 
 class GroupingUnavailable(CoreError):
@@ -70,11 +57,15 @@ class GroupingUnavailable(CoreError):
     code = "unavailable"
 
 
-class Sender:
-    """The send path of one node; the node owns one and both client shells call it."""
+class ClusteredSendPath:
+    """The send path of a clustered node; both client shells call it through the seam."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(
+        self, node: LocalNode, cluster: ClusterNode, handler: GroupingHandler | None
+    ) -> None:
         self.node = node
+        self.cluster = cluster
+        self.handler = handler
         self.core = node.core
         self.config = node.config
         self.node_id = node.config.node.id
@@ -86,8 +77,6 @@ class Sender:
 
         Raises CoreError (nothing done) when a message cannot be routed at all.
         """
-        if self.node.cluster is None:
-            return self._plain(batch, now_ns)
         plan = self._plan(batch, {}, None)
         return None if plan is None else self._commit(batch, plan, now_ns, {})
 
@@ -104,20 +93,6 @@ class Sender:
                 decided[key] = binding
                 took[key] = ns
 
-    def _plain(self, batch: Sequence[Outgoing], now_ns: int) -> Sent:
-        """A standalone node's send: every address checked first, so the batch is all or none."""
-        core = self.core
-        if len(batch) > 1:
-            for address in {m.address for m in batch}:
-                core.check_address(address)
-        ids: list[int] = []
-        total = Effects()
-        for m in batch:
-            msg_id, fx = core.send(m.address, m.body, m.headers, m.persistent, now_ns)
-            ids.append(msg_id)
-            total.merge(fx)
-        return ids, total
-
     def _plan(
         self,
         batch: Sequence[Outgoing],
@@ -130,10 +105,9 @@ class Sender:
         proposed node); without, planning stops at the first. Raises CoreError for a message
         that cannot be routed, before anything was enqueued.
         """
-        cluster = self.node.cluster
-        assert cluster is not None
+        cluster = self.cluster
         core = self.core
-        handler: GroupingHandler | None = self.node.handler
+        handler = self.handler
         grouping = self.config.grouping_handler
         covers = cluster.config.covers
         me = self.node_id
@@ -214,8 +188,7 @@ class Sender:
 
         A decision's time goes with the first message routed by it (the group's first here).
         """
-        cluster = self.node.cluster
-        assert cluster is not None
+        cluster = self.cluster
         core = self.core
         audit = self.node.audit
         me = self.node_id
@@ -254,9 +227,8 @@ class Sender:
 
         Raises GroupingUnavailable if any does not come.
         """
-        handler = self.node.handler
-        cluster = self.node.cluster
-        assert handler is not None and cluster is not None
+        handler, cluster = self.handler, self.cluster
+        assert handler is not None
         grouping = self.config.grouping_handler
         # A LOCAL node that sees another LOCAL handler must not decide: two arbiters could
         # bind one group twice. (A REMOTE node finds no arbiter to ask and times out.)
@@ -306,10 +278,9 @@ class Sender:
         keeps each message exactly once. Grouped messages stay: moving them could put a
         group at two consumers at once.
         """
-        cluster = self.node.cluster
+        cluster = self.cluster
         if (
-            cluster is None
-            or cluster.config.load_balancing != "ON_DEMAND"
+            cluster.config.load_balancing != "ON_DEMAND"
             or queue.consumer_count
             or not queue.ungrouped_pending
             or not cluster.config.covers(queue.address)

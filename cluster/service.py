@@ -3,21 +3,32 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from contextlib import AbstractContextManager
+from typing import Protocol
 
 from grpc import aio
 
-from cluster.admin import node_groups, row_to_pb
-from cluster.connector import GossipLink, state_to_pb
+from cluster.admin import GroupsHost, node_groups, row_to_pb
+from cluster.bridge import ForwardReceiver
+from cluster.connector import GossipHost, GossipLink, state_to_pb
+from cluster.topology import Topology
 from pinmq_pb import cluster_pb2 as pb
 from pinmq_pb import cluster_pb2_grpc as pb_grpc
 
-if TYPE_CHECKING:
-    from cluster.node import ClusterNode
+
+class ServiceHost(GossipHost, GroupsHost, Protocol):
+    """What the service needs of the cluster node that hosts it (`cluster/node.py`)."""
+
+    receiver: ForwardReceiver
+    topology: Topology
+
+    def serving(self) -> AbstractContextManager[None]: ...
+
+    def problems(self) -> list[str]: ...
 
 
 class ClusterService(pb_grpc.ClusterServicer):
-    def __init__(self, cluster: ClusterNode) -> None:
+    def __init__(self, cluster: ServiceHost) -> None:
         self.cluster = cluster
 
     async def Gossip(
@@ -54,5 +65,5 @@ class ClusterService(pb_grpc.ClusterServicer):
     async def Groups(
         self, request: pb.GroupsRequest, context: aio.ServicerContext
     ) -> pb.GroupsReply:
-        rows = node_groups(self.cluster.node, request.queue or None, request.group or None)
+        rows = node_groups(self.cluster, request.queue or None, request.group or None)
         return pb.GroupsReply(node_id=self.cluster.node_id, groups=[row_to_pb(r) for r in rows])

@@ -21,8 +21,6 @@ from handler.arbiter import Binding
 if TYPE_CHECKING:
     from grpc import aio
 
-    from broker.config import NodeConfig
-
 __all__ = [
     "LIST_LIMIT",
     "Binding",
@@ -32,7 +30,6 @@ __all__ = [
     "HandlerUnavailable",
     "RemovalReason",
     "RemovedCallback",
-    "make_handler",
 ]
 
 log = structlog.get_logger(__name__)
@@ -133,24 +130,3 @@ class GroupingHandler(abc.ABC):
                     callback(binding, reason)
                 except Exception:
                     log.exception("on_removed callback failed", group=binding.group)
-
-
-def make_handler(
-    config: NodeConfig, locate_local: Callable[[], str | None]
-) -> GroupingHandler | None:
-    """The handler the node's config asks for; None without a grouping-handler section.
-
-    `locate_local` returns the LOCAL node's cluster address (host:port) from the topology,
-    or None while it is unknown; only a REMOTE handler calls it.
-    """
-    section = config.grouping_handler
-    if section is None:
-        return None
-    if section.type == "LOCAL":
-        from handler.local import LocalHandler
-
-        return LocalHandler(section, config.node.id, config.node.data_dir)
-    from handler.remote import RemoteHandler
-
-    reconnect = config.cluster.reconnect_interval if config.cluster is not None else 500
-    return RemoteHandler(locate_local, section, config.node.id, reconnect_interval_ms=reconnect)

@@ -344,7 +344,7 @@ async def _run_client(args: argparse.Namespace) -> None:
 
 def _run_node(config_path: str) -> int:
     from broker.config import load_config
-    from broker.node import run_node
+    from pinmq.node import run_node
 
     return run_node(load_config(config_path))
 

@@ -11,25 +11,23 @@ import asyncio
 import itertools
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 import grpc
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from pydantic import ValidationError
 
+from broker.admin import ClusterAdmin
+from broker.clock import now_ns
 from broker.config import QueueConfig
 from broker.core import CoreError
-from broker.node import ConsumerStream, Receipt, now_ns
+from broker.engine import ConsumerStream, Engine, Receipt
 from broker.queue import Delivery
+from broker.sending import Outgoing, SendPath
 from broker.store import StoreError
-from cluster.sending import Outgoing
 from pinmq_pb import client_pb2 as pb
 from pinmq_pb import client_pb2_grpc as pb_grpc
-
-if TYPE_CHECKING:
-    from broker.node import Node
-    from cluster.node import ClusterNode
 
 PACK_BYTES = 1 << 20  # a Deliveries message is cut after this many body bytes
 FRAME_SLACK = 1 << 20  # gRPC receive limit = max-message-size + this (batches, headers)
@@ -64,20 +62,22 @@ async def _abort(context: aio.ServicerContext, err: Exception) -> NoReturn:
     raise err
 
 
-def make_server(node: Node) -> tuple[aio.Server, health.aio.HealthServicer]:
+def make_server(
+    engine: Engine, sending: SendPath, admin: ClusterAdmin | None
+) -> tuple[aio.Server, health.aio.HealthServicer]:
     """A gRPC server with the Broker, Admin and health services, bound to listen.client."""
-    limit = node.config.limits.max_message_size
+    limit = engine.config.limits.max_message_size
     server = aio.server(
         options=[
             ("grpc.max_receive_message_length", limit + FRAME_SLACK),
             ("grpc.so_reuseport", 0),  # a second node on the same port must fail, not share
         ]
     )
-    pb_grpc.add_BrokerServicer_to_server(BrokerService(node), server)
-    pb_grpc.add_AdminServicer_to_server(AdminService(node), server)
+    pb_grpc.add_BrokerServicer_to_server(BrokerService(engine, sending), server)
+    pb_grpc.add_AdminServicer_to_server(AdminService(engine, admin), server)
     health_service = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_service, server)
-    address = node.config.listen.client
+    address = engine.config.listen.client
     try:
         server.add_insecure_port(address)
     except RuntimeError:
@@ -95,9 +95,10 @@ async def mark_serving(health_service: health.aio.HealthServicer) -> None:
 
 
 class BrokerService(pb_grpc.BrokerServicer):
-    def __init__(self, node: Node) -> None:
-        self.node = node
-        self.max_size = node.config.limits.max_message_size
+    def __init__(self, engine: Engine, sending: SendPath) -> None:
+        self.engine = engine
+        self.sending = sending
+        self.max_size = engine.config.limits.max_message_size
 
     def _check(self, messages: list[pb.Message]) -> None:
         for i, m in enumerate(messages):
@@ -116,17 +117,17 @@ class BrokerService(pb_grpc.BrokerServicer):
     ) -> tuple[list[int], asyncio.Future[None] | None]:
         """Validate every message, then enqueue them all: all or nothing.
 
-        Returns at once unless a grouping decision must be awaited (cluster/sending.py).
+        Returns at once unless the send path must await something (a grouping decision).
         """
         messages = list(messages)
         self._check(messages)
         batch = [Outgoing(m.address, m.body, _dict(m.headers), m.persistent) for m in messages]
-        sender = self.node.sender
+        sender = self.sending
         sent = sender.send_now(batch, now_ns())
         if sent is None:
             sent = await sender.send(batch)
         ids, fx = sent
-        return ids, self.node.apply(fx)
+        return ids, self.engine.apply(fx)
 
     async def Send(self, request: pb.SendRequest, context: aio.ServicerContext) -> pb.SendResponse:
         try:
@@ -196,7 +197,7 @@ class BrokerService(pb_grpc.BrokerServicer):
     async def Consume(
         self, request_iterator: AsyncIterator[pb.ConsumeRequest], context: aio.ServicerContext
     ) -> None:
-        node, core = self.node, self.node.core
+        engine, core = self.engine, self.engine.core
         first = await context.read()
         if first is aio.EOF:
             return
@@ -215,11 +216,11 @@ class BrokerService(pb_grpc.BrokerServicer):
         except CoreError as err:
             await _abort(context, err)
         stream = ConsumerStream(consumer_id, sub.queue)
-        node.streams[consumer_id] = stream
+        engine.streams[consumer_id] = stream
         tasks: list[asyncio.Task[Any]] = []
         try:
-            node.apply(fx)
-            node.consumers_changed(sub.queue)
+            engine.apply(fx)
+            engine.consumers_changed(sub.queue)
             await context.write(
                 pb.ConsumeResponse(subscribed=pb.Subscribed(consumer_id=consumer_id))
             )
@@ -237,13 +238,13 @@ class BrokerService(pb_grpc.BrokerServicer):
         finally:
             for task in tasks:
                 task.cancel()
-            del node.streams[consumer_id]
-            node.apply(core.close_consumer(sub.queue, consumer_id, now_ns()))
-            node.consumers_changed(sub.queue)
+            del engine.streams[consumer_id]
+            engine.apply(core.close_consumer(sub.queue, consumer_id, now_ns()))
+            engine.consumers_changed(sub.queue)
 
     async def _settle_loop(self, context: aio.ServicerContext, stream: ConsumerStream) -> None:
         """Reads settles until the client half-closes; a refused settle ends the stream."""
-        node, core = self.node, self.node.core
+        engine, core = self.engine, self.engine.core
         ops = {"ack": core.ack, "release": core.release, "reject": core.reject}
         while (request := await context.read()) is not aio.EOF:
             kind = request.WhichOneof("kind")
@@ -252,7 +253,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             settle = getattr(request, kind)
             ids = list(settle.delivery_ids)
             fx = ops[kind](stream.queue, stream.consumer_id, ids, now_ns())
-            node.apply(fx, (stream, Receipt(ids)) if settle.want_receipt else None)
+            engine.apply(fx, (stream, Receipt(ids)) if settle.want_receipt else None)
 
     async def _write_loop(self, context: aio.ServicerContext, stream: ConsumerStream) -> None:
         """Drains the outbound queue: all deliveries ready at once go out in one message."""
@@ -262,7 +263,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             while not outbound.empty():
                 items.append(outbound.get_nowait())
             try:
-                first_key = self.node.core.queue(stream.queue).settings.group_first_key
+                first_key = self.engine.core.queue(stream.queue).settings.group_first_key
             except CoreError:
                 return
             for response in _pack(items, first_key):
@@ -313,8 +314,9 @@ def _dict(headers: Mapping[str, str]) -> dict[str, str]:
 
 
 class AdminService(pb_grpc.AdminServicer):
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, engine: Engine, admin: ClusterAdmin | None) -> None:
+        self.engine = engine
+        self.admin = admin
 
     async def CreateQueue(
         self, request: pb.CreateQueueRequest, context: aio.ServicerContext
@@ -323,7 +325,7 @@ class AdminService(pb_grpc.AdminServicer):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "address and queue must not be empty"
             )
-        base = self.node.config.queue_config_for(request.address).model_dump()
+        base = self.engine.config.queue_config_for(request.address).model_dump()
         try:
             settings = QueueConfig.model_validate({**base, **_settings_values(request.settings)})
         except ValidationError as err:
@@ -333,7 +335,7 @@ class AdminService(pb_grpc.AdminServicer):
             )
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid settings: {problems}")
         try:
-            await self.node.create_queue(request.address, request.queue, settings)
+            await self.engine.create_queue(request.address, request.queue, settings)
         except Exception as err:
             await _abort(context, err)
         return pb.CreateQueueResponse()
@@ -342,7 +344,7 @@ class AdminService(pb_grpc.AdminServicer):
         self, request: pb.DeleteQueueRequest, context: aio.ServicerContext
     ) -> pb.DeleteQueueResponse:
         try:
-            removed = await self.node.delete_queue(request.queue)
+            removed = await self.engine.delete_queue(request.queue)
         except Exception as err:
             await _abort(context, err)
         return pb.DeleteQueueResponse(removed_messages=removed)
@@ -359,7 +361,7 @@ class AdminService(pb_grpc.AdminServicer):
                     consumer_count=q.consumer_count,
                     settings=_settings_pb(q.settings),
                 )
-                for q in self.node.core.queues()
+                for q in self.engine.core.queues()
             ]
         )
 
@@ -367,7 +369,7 @@ class AdminService(pb_grpc.AdminServicer):
         self, request: pb.ListGroupsRequest, context: aio.ServicerContext
     ) -> pb.ListGroupsResponse:
         try:
-            groups = self.node.core.queue(request.queue).groups()
+            groups = self.engine.core.queue(request.queue).groups()
         except CoreError as err:
             await _abort(context, err)
         return pb.ListGroupsResponse(
@@ -389,7 +391,7 @@ class AdminService(pb_grpc.AdminServicer):
     ) -> pb.ResetGroupsResponse:
         group = request.group if request.HasField("group") else None
         try:
-            write = self.node.apply(self.node.core.reset_groups(request.queue, group, now_ns()))
+            write = self.engine.apply(self.engine.core.reset_groups(request.queue, group, now_ns()))
             if write is not None:
                 await write
         except Exception as err:
@@ -398,23 +400,19 @@ class AdminService(pb_grpc.AdminServicer):
 
     # ---- the cluster ----
 
-    async def _clustered(self, context: aio.ServicerContext) -> ClusterNode:
-        if self.node.cluster is None:
+    async def _clustered(self, context: aio.ServicerContext) -> ClusterAdmin:
+        if self.admin is None:
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 "this node is not clustered (no cluster section)",
             )
-        return self.node.cluster  # type: ignore[return-value]
+        return self.admin  # type: ignore[return-value]
 
     async def ClusterGroups(
         self, request: pb.ClusterGroupsRequest, context: aio.ServicerContext
     ) -> pb.ClusterGroupsResponse:
-        from cluster.admin import cluster_groups
-
-        await self._clustered(context)
-        groups, unreachable = await cluster_groups(
-            self.node, request.queue or None, request.group or None
-        )
+        admin = await self._clustered(context)
+        groups, unreachable = await admin.groups(request.queue or None, request.group or None)
         return pb.ClusterGroupsResponse(
             groups=[
                 pb.ClusterGroupInfo(
@@ -431,49 +429,36 @@ class AdminService(pb_grpc.AdminServicer):
                 for g in groups
             ],
             unreachable=unreachable,
-            problems=self.node.cluster.problems(),  # type: ignore[union-attr]
+            problems=admin.problems(),
         )
 
     async def ClusterResetGroup(
         self, request: pb.ClusterResetGroupRequest, context: aio.ServicerContext
     ) -> pb.ClusterResetGroupResponse:
-        from handler.api import HandlerUnavailable
-
-        await self._clustered(context)
-        handler = self.node.handler
-        if handler is None:
-            await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION, "this node has no grouping handler"
-            )
-        if not request.group:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "group must not be empty")
+        admin = await self._clustered(context)
         queue = request.queue if request.HasField("queue") else None
         try:
-            removed = await handler.unbind(request.group, queue)  # type: ignore[union-attr]
-        except HandlerUnavailable as err:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+            removed = await admin.reset_group(request.group, queue)
+        except CoreError as err:
+            await _abort(context, err)
         return pb.ClusterResetGroupResponse(removed=removed)
 
     async def ClusterStatus(
         self, request: pb.ClusterStatusRequest, context: aio.ServicerContext
     ) -> pb.ClusterStatusResponse:
-        cluster = await self._clustered(context)
+        admin = await self._clustered(context)
         return pb.ClusterStatusResponse(
-            node_id=cluster.node_id,
+            node_id=admin.node_id,
             nodes=[
                 pb.ClusterNodeStatus(
-                    node_id=view.state.node_id,
-                    connected=view.connected,
-                    handler=view.state.handler or "",
-                    consumers={
-                        queue: count
-                        for queues in view.state.instances.values()
-                        for queue, count in queues.items()
-                    },
+                    node_id=n.node_id,
+                    connected=n.connected,
+                    handler=n.handler,
+                    consumers=n.consumers,
                 )
-                for view in cluster.topology.nodes()
+                for n in admin.status()
             ],
-            problems=cluster.problems(),
+            problems=admin.problems(),
         )
 
 

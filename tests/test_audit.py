@@ -13,16 +13,17 @@ from typing import Any
 import pytest
 from conftest import NodeProcess, cli, unique
 from structlog.testing import capture_logs
-from test_cluster_send import ME, ScriptedHandler, bind, msg, peers
+from test_cluster_send import ME, Node, ScriptedHandler, bind, msg, peers
 
 from broker import audit as audit_module
 from broker.audit import MID_HEADER, AuditLog, read_events, segments
 from broker.client import Client
 from broker.config import ConfigError, NodeConfig, QueueConfig, parse_config
 from broker.core import BrokerCore
-from broker.node import Node
+from broker.engine import Engine
 from broker.queue import Effects
 from cluster.node import ClusterNode
+from cluster.sending import ClusteredSendPath
 from handler.api import Binding
 
 AUDIT = {"audit": {"enabled": True, "flush-ms": 20}}
@@ -241,17 +242,17 @@ async def test_the_send_path_writes_one_routed_event_per_message_and_target_queu
             "audit": {"enabled": True, "dir": str(tmp_path / "audit")},
         }
     )
-    node = Node(config)
-    node.cluster = ClusterNode(node)
-    node.handler = handler = ScriptedHandler()
-    assert node.audit is not None
-    node.audit.start()
+    engine, handler = Engine(config), ScriptedHandler()
+    cluster = ClusterNode(engine)
+    node = Node(engine, cluster, ClusteredSendPath(engine, cluster, handler))
+    assert engine.audit is not None
+    engine.audit.start()
     peers(node, {"n2": {"orders": {"orders.a": 1, "orders.b": 1}}})  # only n2 has consumers
     bind(handler, "known", "orders.a", "n2")
     bind(handler, "known", "orders.b", ME)
     batch = [msg("1", "new"), msg("2", "known"), msg("3", "new"), msg("4")]
     ids, fx = await node.sender.send(batch)
-    node.audit.close()
+    engine.audit.close()
     assert sorted(handler.calls) == [("new", "orders.a", "n2"), ("new", "orders.b", "n2")]
     routed = events_in(tmp_path / "audit")
     assert [e["msg_id"] for e in routed] == [m.msg_id for m in fx.added]

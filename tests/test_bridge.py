@@ -21,14 +21,15 @@ from grpc import aio
 from ports import reserve_port
 
 from broker.client import Client, Received
+from broker.clock import now_ns
 from broker.config import NodeConfig, QueueConfig
 from broker.core import ORIGINAL_QUEUE_HEADER, BrokerCore
 from broker.message import Message
-from broker.node import Node, now_ns
 from broker.queue import Effects
 from broker.store import Store
 from cluster.bridge import FORWARD_HEADER, sf_queue
 from cluster.node import ClusterNode
+from pinmq.node import Node
 from pinmq_pb import cluster_pb2 as cpb
 from pinmq_pb import cluster_pb2_grpc as cpb_grpc
 
@@ -161,7 +162,7 @@ class Sender:
 
     def sf_depth(self, peer: str = "b") -> int:
         assert self.node is not None
-        return self.node.core.queue(sf_queue("pinmq", peer)).depth
+        return self.node.engine.core.queue(sf_queue("pinmq", peer)).depth
 
     async def forward(self, bodies: list[str], queue: str = "orders", **headers: str) -> None:
         """Forward to b's `queue` and wait until the SF queue holds them durably."""
@@ -171,7 +172,7 @@ class Sender:
             total.merge(
                 self.cluster.forward("b", queue, queue, body.encode(), headers, True, now_ns())
             )
-        write = self.node.apply(total)
+        write = self.node.engine.apply(total)
         if write is not None:
             await write
 
@@ -263,7 +264,7 @@ async def test_messages_wait_for_a_down_peer_and_survive_a_sender_restart(
     node = await sender.start()
     assert sender.sf_depth() == 200
     assert "b" in sender.cluster.bridges()  # restarted for the waiting messages
-    names = [q.name for q in node.core.queues()]
+    names = [q.name for q in node.engine.core.queues()]
     assert names == ["$sf.pinmq.b"]
     await sender.forward([f"m{i}" for i in range(200, 300)])
     await asyncio.sleep(0.3)  # b is still down: nothing may leave

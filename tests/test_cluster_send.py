@@ -1,27 +1,30 @@
 """The clustered send path's decisions (cluster/sending.py), in process and without I/O.
 
-A node that is never started gets a real `ClusterNode` (its topology fed by hand, so routing
-is real) and a scripted grouping handler, so every decision can be checked on the Effects
-the `Sender` returns: which queue, which node, what is left untouched.
+An engine that is never started gets a real `ClusterNode` (its topology fed by hand, so
+routing is real) and a scripted grouping handler, wired as the node process wires them, so
+every decision can be checked on the Effects the `ClusteredSendPath` returns: which queue,
+which node, what is left untouched.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from broker.config import NodeConfig, QueueConfig
-from broker.core import CoreError
+from broker.core import BrokerCore, CoreError
+from broker.engine import Engine
 from broker.message import GROUP_ID_HEADER
-from broker.node import Node
 from broker.queue import Effects
+from broker.sending import Outgoing
 from cluster.bridge import FORWARD_HEADER, sf_queue
 from cluster.node import ClusterNode
-from cluster.sending import GroupingUnavailable, Outgoing
+from cluster.sending import ClusteredSendPath, GroupingUnavailable
 from cluster.topology import NodeState
 from handler.api import Binding, DecisionTimeout, GroupingHandler, HandlerUnavailable
 
@@ -65,6 +68,19 @@ def bind(handler: ScriptedHandler, group: str, queue: str, node: str) -> None:
     handler.bindings[(group, queue)] = Binding(group, queue, node, 1)
 
 
+@dataclass
+class Node:
+    """The parts of a clustered node the send path works with."""
+
+    engine: Engine
+    cluster: ClusterNode
+    sender: ClusteredSendPath
+
+    @property
+    def core(self) -> BrokerCore:
+        return self.engine.core
+
+
 @pytest.fixture
 def make(tmp_path: Path) -> Iterator[Any]:
     """make(type=..., **config) -> (node, handler); peers n2 and n3 are linked."""
@@ -78,17 +94,16 @@ def make(tmp_path: Path) -> Iterator[Any]:
                 **extra,
             }
         )
-        node = Node(config)
-        node.cluster = ClusterNode(node)
-        node.handler = handler = ScriptedHandler()
-        return node, handler
+        engine = Engine(config)
+        cluster = ClusterNode(engine)
+        handler = ScriptedHandler()
+        return Node(engine, cluster, ClusteredSendPath(engine, cluster, handler)), handler
 
     yield build
 
 
 def peers(node: Node, instances: dict[str, dict[str, dict[str, int]]], **handlers: str) -> None:
     """Announce and link peers: node id -> {address: {queue: consumers}}."""
-    assert node.cluster is not None
     topology = node.cluster.topology
     for peer, held in instances.items():
         topology.update(NodeState(peer, f"{peer}:7701", handlers.get(peer), held, 1, 1))  # type: ignore[arg-type]
@@ -217,9 +232,7 @@ async def test_addresses_outside_the_cluster_take_the_standalone_path(make: Any)
 async def test_a_local_handler_that_sees_another_refuses_new_groups(make: Any) -> None:
     node, handler = make("LOCAL")
     peers(node, {"n2": {}}, n2="LOCAL")
-    node.cluster.topology.update(  # type: ignore[union-attr]
-        NodeState(ME, f"{ME}:7701", "LOCAL", {}, 2, 1)
-    )
+    node.cluster.topology.update(NodeState(ME, f"{ME}:7701", "LOCAL", {}, 2, 1))
     with pytest.raises(GroupingUnavailable, match="two LOCAL grouping handlers"):
         await node.sender.send([msg("x", "g")])
     assert handler.calls == []
@@ -235,7 +248,7 @@ async def test_redistribution_moves_ungrouped_messages_only(make: Any) -> None:
             "orders", f"m{i}".encode(), {GROUP_ID_HEADER: group} if group else {}, True, 1
         )
     applied: list[Effects] = []
-    node.apply = lambda fx, receipt=None: applied.append(fx)  # type: ignore[method-assign]
+    node.engine.apply = lambda fx, receipt=None: applied.append(fx)  # type: ignore[method-assign]
     node.sender.redistribute_all()
     assert applied == []  # no instance elsewhere has consumers
     peers(node, {"n2": {"orders": {"orders": 0}}, "n3": {"orders": {"orders": 2}}})

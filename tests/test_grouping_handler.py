@@ -25,9 +25,9 @@ from handler.api import (
     DecisionTimeout,
     HandlerUnavailable,
     RemovalReason,
-    make_handler,
 )
 from handler.bindings import BindingStoreError
+from handler.factory import make_handler
 from handler.local import SUBSCRIBED, LocalHandler
 from handler.remote import RemoteHandler
 from pinmq_pb import grouping_pb2 as pb

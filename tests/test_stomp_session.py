@@ -9,9 +9,9 @@ import pytest
 
 from broker.config import NodeConfig, parse_config
 from broker.core import BrokerCore
-from broker.node import ConsumerStream
+from broker.engine import ConsumerStream
 from broker.queue import Effects
-from cluster.sending import Sender
+from broker.sending import LocalSendPath
 from pinmq.stomp.frames import Frame, FrameParser, encode_frame
 from pinmq.stomp.session import (
     CLOSE,
@@ -25,15 +25,14 @@ from pinmq.stomp.session import (
 
 
 class StubNode:
-    """The parts of Node a session uses; `apply` pushes deliveries at once, or behind `gate`."""
+    """The engine's parts a session uses; `apply` pushes deliveries at once, or behind `gate`."""
 
     def __init__(self) -> None:
         self.config = NodeConfig.model_validate({"node": {"id": "unit"}})
         self.core = BrokerCore(self.config)
         self.streams: dict[str, ConsumerStream] = {}
         self.gate: asyncio.Future[None] | None = None
-        self.cluster = self.handler = None
-        self.sender = Sender(self)  # type: ignore[arg-type]
+        self.sending = LocalSendPath(self.core)
 
     def consumers_changed(self, queue: str) -> None:
         pass
@@ -76,7 +75,7 @@ def stub() -> StubNode:
 
 async def new_session(stub: StubNode) -> tuple[Session, asyncio.Queue[Any]]:
     out: asyncio.Queue[Any] = asyncio.Queue()
-    session = Session(stub, "stomp-1", out, "test")  # type: ignore[arg-type]
+    session = Session(stub, stub.sending, "stomp-1", out, "test")  # type: ignore[arg-type]
     await session.receive(encode_frame("CONNECT", {"accept-version": "1.2", "host": "h"}))
     [connected] = frames_of(session, drain(out))
     assert connected.command == "CONNECTED"
@@ -132,7 +131,7 @@ def test_stomp_config_section() -> None:
 
 async def test_frames_pipelined_after_connect_are_unescaped(stub: StubNode) -> None:
     out: asyncio.Queue[Any] = asyncio.Queue()
-    session = Session(stub, "stomp-1", out, "test")  # type: ignore[arg-type]
+    session = Session(stub, stub.sending, "stomp-1", out, "test")  # type: ignore[arg-type]
     data = encode_frame("CONNECT", {"accept-version": "1.2"}) + encode_frame(
         "SEND", {"destination": "q", "k\nx": "a:b"}, b"body"
     )

@@ -17,9 +17,9 @@ from ports import reserve_port
 
 from broker.client import Client
 from broker.config import NodeConfig
-from broker.node import Node
 from cluster.connector import state_from_pb, state_to_pb
 from cluster.topology import Instance, NodeState, Topology
+from pinmq.node import Node
 from pinmq_pb import cluster_pb2 as cpb
 from pinmq_pb import cluster_pb2_grpc as cpb_grpc
 

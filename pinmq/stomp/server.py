@@ -15,13 +15,12 @@ import contextlib
 import itertools
 import os
 import socket
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from broker import logs
+from broker.engine import Engine
+from broker.sending import SendPath
 from pinmq.stomp.session import CLOSE, Session, Subscription
-
-if TYPE_CHECKING:
-    from broker.node import Node
 
 READ_CHUNK = 256 * 1024
 WRITE_SLICE = 1024 * 1024  # bytes per socket write (and drain) at most, big bodies aside
@@ -38,9 +37,10 @@ def split_host_port(address: str) -> tuple[str, int]:
 class StompServer:
     """Serves STOMP on `listen.stomp` for one node."""
 
-    def __init__(self, node: Node) -> None:
-        self.node = node
-        self.address = node.config.listen.stomp
+    def __init__(self, engine: Engine, sending: SendPath) -> None:
+        self.node = engine
+        self.sending = sending
+        self.address = engine.config.listen.stomp
         self.connections: set[Connection] = set()
         self._server: asyncio.Server | None = None
         self._ids = itertools.count(1)
@@ -68,7 +68,7 @@ class StompServer:
             await asyncio.gather(*late, return_exceptions=True)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = Connection(self.node, reader, writer, f"stomp-{next(self._ids)}")
+        conn = Connection(self.node, self.sending, reader, writer, f"stomp-{next(self._ids)}")
         self.connections.add(conn)
         try:
             await conn.run()
@@ -81,7 +81,8 @@ class Connection:
 
     def __init__(
         self,
-        node: Node,
+        node: Engine,
+        sending: SendPath,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         session_id: str,
@@ -92,7 +93,7 @@ class Connection:
         self.out: asyncio.Queue[Any] = asyncio.Queue()
         peer = writer.get_extra_info("peername")
         where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        self.session = Session(node, session_id, self.out, where)
+        self.session = Session(node, sending, session_id, self.out, where)
         self.session.on_closing = self._closing
         self.connect_timeout_s = node.config.stomp.connect_timeout_ms / 1000
         self.task = asyncio.current_task()

@@ -1,7 +1,7 @@
 """The STOMP protocol state machine of one connection, over the node's pure core.
 
 A `Session` turns client frames into core calls (send, subscribe, ack, release, reject,
-close_consumer) and hands their Effects to `Node.apply`, exactly as the gRPC shell does; each
+close_consumer) and hands their Effects to `Engine.apply`, exactly as the gRPC shell does; each
 SUBSCRIBE registers a `ConsumerStream`, so deliveries take the node's one delivery path. It
 does no socket I/O: outgoing frames (and the node's deliveries) go to `out`, which the
 connection's writer drains, and `render` turns deliveries into MESSAGE frames.
@@ -9,7 +9,7 @@ connection's writer drains, and `render` turns deliveries into MESSAGE frames.
 Frames of one read are handled one by one, but their Effects are merged and applied together
 in `flush`, so a burst of SENDs or ACKs costs one store write. RECEIPT frames go out in the
 order of their frames, each only once the store write it depends on is on disk. SENDs go
-through the node's one send path (`cluster/sending.py`); a SEND (or COMMIT) whose group needs
+through the node's one send path (`broker/sending.py`); a SEND (or COMMIT) whose group needs
 a cluster grouping decision is awaited before the next frame is read, so frames keep their order.
 """
 
@@ -22,14 +22,15 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
+from broker.clock import now_ns
 from broker.core import CoreError, QueueExists
+from broker.engine import ConsumerStream, Engine
 from broker.message import GROUP_ID_HEADER, GROUP_SEQ_HEADER
-from broker.node import ConsumerStream, now_ns
 from broker.queue import Delivery, Effects
+from broker.sending import Outgoing, SendPath
 from broker.store import StoreError
-from cluster.sending import Outgoing
 from pinmq.stomp.frames import (
     ESCAPING_VERSIONS,
     Frame,
@@ -41,9 +42,6 @@ from pinmq.stomp.frames import (
     escape_10_key,
     escape_10_value,
 )
-
-if TYPE_CHECKING:
-    from broker.node import Node
 
 VERSIONS: Final = ("1.0", "1.1", "1.2")
 try:
@@ -197,8 +195,16 @@ class _Transaction:
 class Session:
     """Protocol state of one STOMP connection; the server feeds it bytes and drains `out`."""
 
-    def __init__(self, node: Node, session_id: str, out: asyncio.Queue[Any], peer: str) -> None:
+    def __init__(
+        self,
+        node: Engine,
+        sending: SendPath,
+        session_id: str,
+        out: asyncio.Queue[Any],
+        peer: str,
+    ) -> None:
         self.node = node
+        self.sending = sending
         self.core = node.core
         self.id = session_id
         self.peer = peer
@@ -336,14 +342,14 @@ class Session:
 
         The caller awaits it before the next frame, so a connection's frames keep their order.
         """
-        sent = self.node.sender.send_now(batch, self._now)
+        sent = self.sending.send_now(batch, self._now)
         if sent is None:
             return self._route_later(batch)
         self._add(sent[1])
         return None
 
     async def _route_later(self, batch: list[Outgoing]) -> None:
-        _, fx = await self.node.sender.send(batch)
+        _, fx = await self.sending.send(batch)
         self._add(fx)
         self._now = now_ns()
 

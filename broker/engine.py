@@ -1,0 +1,305 @@
+"""The engine: the asyncio shell around one node's pure core and its store.
+
+The engine is the only writer of `BrokerCore`; every call happens on the event loop thread.
+Each core call returns `Effects`, which `apply` carries out: the store write starts at once,
+and deliveries reach consumer streams strictly in the order the core produced them, never
+before the messages they carry are on disk (each waits for the write that adds its own
+message). Protocol shells and the cluster drive the engine; it knows neither of them: what
+the layers above must hear about (queues created or deleted, consumers coming and going) goes
+to the `Observer`s they register.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+
+from broker import logs
+from broker.audit import node_audit
+from broker.clock import now_ns
+from broker.config import NodeConfig, QueueConfig
+from broker.core import BrokerCore
+from broker.message import Message
+from broker.queue import Delivery, Effects
+from broker.store import Store, StoreError
+
+TICK_S = 0.05
+STORE_FILE = "store.db"
+log = logs.get("node")
+
+
+class StartupError(Exception):
+    """The node cannot start; the message names what (file, address) and why."""
+
+
+@dataclass(slots=True)
+class Receipt:
+    """Settled delivery ids, to be confirmed to the consumer once their outcome is stored."""
+
+    delivery_ids: list[int]
+
+
+@dataclass(slots=True, eq=False)
+class ConsumerStream:
+    """One subscribed consumer as the shells see it: its outbound queue and its end.
+
+    `outbound` holds lists of deliveries and receipts in the order they must be sent; the
+    transport drains it. `ended` completes (with a status code name and a reason) when the
+    node ends the subscription, e.g. because its queue was deleted.
+    """
+
+    consumer_id: str
+    queue: str
+    outbound: asyncio.Queue[list[Delivery] | Receipt] = field(default_factory=asyncio.Queue)
+    ended: asyncio.Future[tuple[str, str]] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+    def end(self, code: str, reason: str) -> None:
+        if not self.ended.done():
+            self.ended.set_result((code, reason))
+
+
+class Observer(Protocol):
+    """What a layer above the engine hears about (the cluster announces it to its peers)."""
+
+    def queues_changed(self) -> None: ...
+
+    def consumers_changed(self, queue: str) -> None: ...
+
+    def queue_deleted(self, queue: str) -> None: ...
+
+
+@dataclass(slots=True)
+class _Step:
+    """Deliveries (and a receipt) waiting for store writes before they may go out."""
+
+    gates: list[asyncio.Future[None]]
+    deliveries: list[Delivery]
+    receipt: tuple[ConsumerStream, Receipt] | None
+
+
+def _settings(settings: QueueConfig) -> dict[str, object]:
+    return settings.model_dump(mode="json", by_alias=True)
+
+
+class Engine:
+    """Core + store + consumer streams + the tick; `open` it, then `start` its loops."""
+
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.core = BrokerCore(config)
+        self.streams: dict[str, ConsumerStream] = {}
+        self.store_path = Path(config.node.data_dir) / STORE_FILE
+        self.observers: list[Observer] = []
+        self.audit = node_audit(config)  # audit log (broker/audit.py); None unless enabled
+        self.failed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+        self._store: Store | None = None
+        self._backlog: deque[_Step] = deque()
+        self._backlog_ready = asyncio.Event()
+        self._unwritten: dict[int, asyncio.Future[None]] = {}  # msg id -> write that adds it
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def store(self) -> Store:
+        assert self._store is not None, "engine not opened"
+        return self._store
+
+    @property
+    def store_open(self) -> bool:
+        return self._store is not None and self._store.is_open
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    def open(self) -> tuple[int, int]:
+        """Start the audit log, open and replay the store; (messages, orphans) restored.
+
+        Raises StartupError naming the file and the reason.
+        """
+        if self.audit is not None:  # audit log: started first, closed last
+            try:
+                self.audit.start()
+            except OSError as err:
+                raise StartupError(f"cannot write audit log {self.audit.dir}: {err}") from None
+        try:
+            self.store_path.parent.mkdir(parents=True, exist_ok=True)
+            self._store = store = Store.open(self.store_path)
+            for address, name, settings in store.load_queues():
+                self.core.restore_queue(address, name, QueueConfig.model_validate(settings))
+            messages = store.load_messages()
+        except (StoreError, OSError, ValidationError) as err:
+            raise StartupError(f"cannot open store {self.store_path}: {err}") from None
+        orphans = self.core.restore_messages(messages, store.max_msg_id() + 1)
+        return len(messages) - orphans, orphans
+
+    def start(self) -> None:
+        """Run the tick (delay-before-dispatch, timers of the core) and the delivery order."""
+        self._tasks = [
+            asyncio.create_task(self._tick_loop(), name="tick"),
+            asyncio.create_task(self._backlog_loop(), name="deliver"),
+        ]
+
+    def end_streams(self, reason: str) -> None:
+        for stream in list(self.streams.values()):
+            stream.end("UNAVAILABLE", reason)
+
+    async def close(self) -> None:
+        """Stop the loops, close the store (after its queued writes) and the audit log."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._store is not None:
+            await self._store.close()
+
+    def close_audit(self) -> None:
+        if self.audit is not None:
+            self.audit.close()
+
+    def fail(self, err: BaseException) -> None:
+        """A fault the node cannot serve through (a store write failed): it must stop."""
+        if not self.failed.done():
+            log.error("fatal error, stopping", error=str(err))
+            self.failed.set_result(err)
+
+    # ---- effects --------------------------------------------------------------------------
+
+    def apply(
+        self,
+        fx: Effects,
+        receipt: tuple[ConsumerStream, Receipt] | None = None,
+        marks: Mapping[str, int] | None = None,
+    ) -> asyncio.Future[None] | None:
+        """Carry out what a core call asked for; returns its store write, if there is one.
+
+        Await the returned future before confirming the operation to a client. `marks`
+        (forwarded messages, `cluster/bridge.py`) are stored in the same write as the messages.
+        """
+        if self.audit is not None:  # audit log: queues references, formats off the loop
+            self.audit.effects(fx)
+        for address, name, settings in fx.queues_created:
+            if settings.durable:
+                self._watch(self.store.save_queue(address, name, _settings(settings)))
+            for observer in self.observers:
+                observer.queues_changed()
+        added = [m for m in fx.added if m.persistent]
+        removed = [m for m in fx.removed if m.persistent]
+        updated = [m for m in fx.updated if m.persistent]
+        write = None
+        if added or removed or updated or marks:
+            write = self._watch(
+                self.store.write(added=added, removed=removed, updated=updated, marks=marks or {})
+            )
+            if added:
+                self._track(added, write)
+        if not fx.deliveries and receipt is None:
+            return write
+        # A delivery waits only for the write that adds its own message (from any earlier send).
+        unwritten = self._unwritten
+        waits = {unwritten.get(d.message.msg_id) for d in fx.deliveries} if unwritten else set()
+        if receipt is not None:
+            waits.add(write)
+        gates = [f for f in waits if f is not None and not f.done()]
+        if not gates and not self._backlog:
+            self._push(fx.deliveries, receipt)
+        else:
+            self._backlog.append(_Step(gates, fx.deliveries, receipt))
+            self._backlog_ready.set()
+        return write
+
+    def _track(self, added: list[Message], write: asyncio.Future[None]) -> None:
+        """Remember which write makes each added message durable, until it has."""
+        unwritten = self._unwritten
+        for m in added:
+            unwritten[m.msg_id] = write
+
+        def written(_: asyncio.Future[None]) -> None:
+            for m in added:
+                if unwritten.get(m.msg_id) is write:
+                    del unwritten[m.msg_id]
+
+        write.add_done_callback(written)
+
+    def _watch(self, write: Coroutine[Any, Any, None]) -> asyncio.Future[None]:
+        """Start a store call now (it joins the next group commit); its failure is fatal."""
+        future = asyncio.ensure_future(write)
+        future.add_done_callback(self._check_write)
+        return future
+
+    def _check_write(self, future: asyncio.Future[None]) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            self.fail(future.exception())  # type: ignore[arg-type]
+
+    def _push(
+        self, deliveries: list[Delivery], receipt: tuple[ConsumerStream, Receipt] | None
+    ) -> None:
+        streams = self.streams
+        if deliveries:
+            first = deliveries[0].consumer_id
+            if all(d.consumer_id == first for d in deliveries):
+                if (stream := streams.get(first)) is not None:
+                    stream.outbound.put_nowait(deliveries)
+            else:
+                per: dict[str, list[Delivery]] = {}
+                for d in deliveries:
+                    per.setdefault(d.consumer_id, []).append(d)
+                for consumer_id, batch in per.items():
+                    if (stream := streams.get(consumer_id)) is not None:
+                        stream.outbound.put_nowait(batch)
+        # A consumer that is gone had its deliveries returned to the queue by close_consumer.
+        if receipt is not None and receipt[0].consumer_id in streams:
+            receipt[0].outbound.put_nowait(receipt[1])
+
+    async def _backlog_loop(self) -> None:
+        backlog = self._backlog
+        while True:
+            await self._backlog_ready.wait()
+            self._backlog_ready.clear()
+            while backlog:
+                step = backlog[0]
+                for gate in step.gates:
+                    try:
+                        await gate
+                    except Exception:
+                        return  # the node fails: nothing more goes out
+                backlog.popleft()
+                self._push(step.deliveries, step.receipt)
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            self.apply(self.core.tick(now_ns()))
+
+    # ---- consumers and queues ----------------------------------------------------------------
+
+    def end_consumers(self, queue: str, code: str, reason: str) -> None:
+        for stream in list(self.streams.values()):
+            if stream.queue == queue:
+                stream.end(code, reason)
+
+    async def create_queue(self, address: str, name: str, settings: QueueConfig) -> None:
+        self.core.create_queue(address, name, settings)
+        for observer in self.observers:
+            observer.queues_changed()
+        if settings.durable:
+            await self._watch(self.store.save_queue(address, name, _settings(settings)))
+
+    async def delete_queue(self, name: str) -> int:
+        """Delete a queue and its messages; its consumers' streams end with NOT_FOUND."""
+        removed = len(self.core.delete_queue(name).removed)
+        self.end_consumers(name, "NOT_FOUND", f"queue {name!r} was deleted")
+        for observer in self.observers:
+            observer.queues_changed()
+            observer.queue_deleted(name)
+        await self._watch(self.store.delete_queue(name))  # drops its stored messages too
+        return removed
+
+    def consumers_changed(self, queue: str) -> None:
+        """A consumer subscribed to or left `queue` (the shells call this)."""
+        for observer in self.observers:
+            observer.consumers_changed(queue)

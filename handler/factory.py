@@ -1,0 +1,27 @@
+"""The grouping handler a node's config asks for: LOCAL (the arbiter) or REMOTE (its proxy)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from broker.config import NodeConfig
+from handler.api import GroupingHandler
+from handler.local import LocalHandler
+from handler.remote import RemoteHandler
+
+
+def make_handler(
+    config: NodeConfig, locate_local: Callable[[], str | None]
+) -> GroupingHandler | None:
+    """None without a grouping-handler section.
+
+    `locate_local` returns the LOCAL node's cluster address (host:port) from the topology,
+    or None while it is unknown; only a REMOTE handler calls it.
+    """
+    section = config.grouping_handler
+    if section is None:
+        return None
+    if section.type == "LOCAL":
+        return LocalHandler(section, config.node.id, config.node.data_dir)
+    reconnect = config.cluster.reconnect_interval if config.cluster is not None else 500
+    return RemoteHandler(locate_local, section, config.node.id, reconnect_interval_ms=reconnect)

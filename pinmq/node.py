@@ -1,0 +1,304 @@
+"""The node process: the one place that composes every part of a node.
+
+It builds the engine (core + store, `broker/engine.py`), the send path (standalone or
+clustered), the cluster connections and the grouping handler when configured, and the
+protocol shells (gRPC, STOMP, HTTP) that reach them only through those seams. It owns the
+lifecycle: start in dependency order, stop in reverse, exit code for the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+
+from grpc import aio
+from grpc_health.v1 import health, health_pb2
+
+from broker import logs
+from broker.clock import now_ns
+from broker.config import NodeConfig
+from broker.core import CoreError
+from broker.engine import Engine, StartupError
+from broker.readiness import Readiness, assess
+from broker.sending import LocalSendPath, SendPath
+from cluster.admin import ClusterAdministration
+from cluster.node import ClusterNode
+from cluster.sending import ClusteredSendPath
+from cluster.topology import Topology
+from handler.api import Binding, GroupingHandler, RemovalReason
+from handler.bindings import BindingStoreError
+from handler.factory import make_handler
+from pinmq.grpc_api import make_server, mark_serving
+from pinmq.http import HttpServer
+from pinmq.stomp.server import StompServer
+
+REDISTRIBUTE_S = 0.5  # queues without consumers hand ungrouped messages on this often
+CLUSTER_HEALTH = "pinmq.cluster"  # health service: NOT_SERVING while the cluster has problems
+log = logs.get("node")
+
+
+class _ClusterObserver:
+    """Tells the cluster (and the grouping handler) what changed in the engine."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    def queues_changed(self) -> None:
+        assert self.node.cluster is not None
+        self.node.cluster.local_changed()
+
+    def consumers_changed(self, queue: str) -> None:
+        """A consumer subscribed or left: announce it; maybe redistribute ungrouped messages."""
+        node = self.node
+        assert node.cluster is not None and isinstance(node.sending, ClusteredSendPath)
+        node.cluster.local_changed()
+        with contextlib.suppress(CoreError):  # the queue was deleted meanwhile
+            node.sending.redistribute(node.engine.core.queue(queue))
+
+    def queue_deleted(self, queue: str) -> None:
+        """Bindings to a deleted queue are removed cluster-wide: its groups are proposed again."""
+        if self.node.handler is not None:
+            self.node.handler.instance_deleted(queue, self.node.config.node.id)
+
+
+class Node:
+    """One broker node: engine + send path + cluster + grouping handler + servers."""
+
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.engine = engine = Engine(config)
+        self.sending: SendPath = LocalSendPath(engine.core)
+        self.cluster: ClusterNode | None = None  # set by start() when `cluster` is configured
+        self.handler: GroupingHandler | None = None  # set with the cluster, if configured
+        self.problems: list[str] = []  # cluster misconfigurations, as last seen
+        self._problems_logged: list[str] = []
+        self._quiet_until = 0.0  # problems are logged from then on (peers need time to link)
+        self._server: aio.Server | None = None
+        self._health: health.aio.HealthServicer | None = None
+        self._stomp: StompServer | None = None
+        self._http: HttpServer | None = None
+        self._serving = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._health_update: asyncio.Future[None] | None = None
+
+    @property
+    def failed(self) -> asyncio.Future[BaseException]:
+        return self.engine.failed
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open and replay the store, then serve; raises StartupError naming the culprit."""
+        engine = self.engine
+        messages, orphans = engine.open()
+        try:
+            if self.config.cluster is not None:
+                self._build_cluster()
+            admin = ClusterAdministration(self.cluster, self.handler) if self.cluster else None
+            self._server, self._health = make_server(engine, self.sending, admin)
+            self._stomp = StompServer(engine, self.sending)
+            await self._stomp.start()
+            self._http = HttpServer(self.config.listen.http, self.config.node.id, self.readiness)
+            await self._http.start()
+        except OSError as err:
+            if self._stomp is not None:
+                await self._stomp.stop(0)
+            if self._server is not None:
+                await self._server.stop(None)
+            await engine.close()
+            raise StartupError(str(err)) from None
+        await self._server.start()
+        if self.cluster is not None:
+            await self._start_cluster()
+        await mark_serving(self._health)
+        self._serving = True
+        if self.cluster is not None:
+            await self._set_cluster_health()
+            self._tasks.append(asyncio.create_task(self._redistribute_loop(), name="redistribute"))
+        engine.start()
+        log.info(
+            "node started",
+            listen=self.config.listen.client,
+            stomp=self.config.listen.stomp,
+            http=self.config.listen.http,
+            store=str(engine.store_path),
+            queues=len(engine.core.queues()),
+            messages=messages,
+            orphans=orphans,
+        )
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Stop accepting, end consumer streams, let running calls finish, close the store."""
+        log.info("node stopping")
+        self._serving = False
+        if self._health is not None:
+            await self._health.enter_graceful_shutdown()
+        if self.handler is not None:  # first: it ends its Removals streams on the cluster server
+            await self.handler.stop()
+        if self.cluster is not None:
+            await self.cluster.stop()
+        self.engine.end_streams("the node is shutting down")
+        if self._stomp is not None:
+            await self._stomp.stop(grace_s)
+        if self._server is not None:
+            await self._server.stop(grace_s)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.engine.close()
+        if self._http is not None:  # last: probes see "not ready" until the very end
+            await self._http.stop()
+        self.engine.close_audit()
+        log.info("node stopped")
+
+    def _build_cluster(self) -> None:
+        """Cluster connections (cluster/), the grouping handler (handler/), the send path."""
+        engine = self.engine
+        self.cluster = cluster = ClusterNode(engine)
+        self.handler = make_handler(self.config, cluster.locate_local_handler)
+        self.sending = ClusteredSendPath(engine, cluster, self.handler)
+        engine.observers.append(_ClusterObserver(self))
+
+    async def _start_cluster(self) -> None:
+        """The handler starts first, so its gRPC service answers as soon as listen.cluster does."""
+        cluster, handler = self.cluster, self.handler
+        assert cluster is not None
+        if handler is not None:
+            try:
+                await handler.start()
+            except BindingStoreError as err:
+                await self.stop(0)
+                raise StartupError(str(err)) from None
+            cluster.add_servicer(handler.add_to_server)
+            handler.on_removed(self._binding_removed)
+            if self.config.grouping_handler.type == "LOCAL":  # type: ignore[union-attr]
+                cluster.on_instances_changed(self._report_instances)
+                if self.engine.audit is not None:
+                    handler.on_removed(self._audit_removal)
+        cluster.on_instances_changed(self._topology_changed)
+        reconnect_s = cluster.config.reconnect_interval / 1000
+        self._quiet_until = time.monotonic() + max(2.0, 4 * reconnect_s)
+        asyncio.get_running_loop().call_later(
+            self._quiet_until - time.monotonic(), self._log_problems
+        )
+        try:
+            await cluster.start()
+        except OSError as err:
+            await self.stop(0)
+            raise StartupError(str(err)) from None
+
+    async def _redistribute_loop(self) -> None:
+        assert isinstance(self.sending, ClusteredSendPath)
+        while True:
+            await asyncio.sleep(REDISTRIBUTE_S)
+            self.sending.redistribute_all()
+
+    def _report_instances(self, topology: Topology) -> None:
+        """Tell the LOCAL handler which instances exist; those of down nodes count as absent."""
+        assert self.handler is not None
+        self.handler.report_instances(
+            {
+                (queue, view.state.node_id): view.connected
+                for view in topology.nodes()
+                for queues in view.state.instances.values()
+                for queue in queues
+            }
+        )
+
+    def _binding_removed(self, binding: Binding, reason: RemovalReason) -> None:
+        """A binding went away cluster-wide: the local queue unpins the group from its consumer."""
+        engine = self.engine
+        try:
+            fx = engine.core.reset_groups(binding.queue, binding.group, now_ns())
+        except CoreError:
+            return  # no such queue or group here
+        engine.apply(fx)
+
+    def _audit_removal(self, binding: Binding, reason: RemovalReason) -> None:
+        """The LOCAL node's record of a removed binding: the checker then accepts a new one."""
+        assert self.engine.audit is not None
+        self.engine.audit.record(
+            "unbound",
+            epoch=binding.epoch,
+            group=binding.group,
+            queue=binding.queue,
+            target=f"{binding.queue}@{binding.node}",
+            reason=str(reason),
+        )
+
+    def _topology_changed(self, topology: Topology) -> None:
+        problems = topology.problems()
+        if problems != self.problems:
+            self.problems = problems
+            self._log_problems()
+            if self._health is not None:
+                self._health_update = asyncio.ensure_future(self._set_cluster_health())
+        assert isinstance(self.sending, ClusteredSendPath)
+        self.sending.redistribute_all()
+
+    def _log_problems(self) -> None:
+        """Log cluster problems loudly when they change (after the start-up grace period)."""
+        if time.monotonic() < self._quiet_until or self.problems == self._problems_logged:
+            return
+        if self.problems:
+            log.error("cluster misconfigured", problems=self.problems)
+        elif self._problems_logged:
+            log.info("cluster problems resolved")
+        self._problems_logged = self.problems
+
+    async def _set_cluster_health(self) -> None:
+        assert self._health is not None
+        status = health_pb2.HealthCheckResponse
+        await self._health.set(
+            CLUSTER_HEALTH, status.NOT_SERVING if self.problems else status.SERVING
+        )
+
+    def readiness(self) -> Readiness:
+        """Whether this node takes work now, with the facts (for `GET /readyz`)."""
+        cluster, handler = self.cluster, self.config.grouping_handler
+        peers: dict[str, bool] = {}
+        local_handler = None
+        if cluster is not None:
+            topology = cluster.topology
+            peers = {n: topology.is_connected(n) for n in topology.peers()}
+            found = topology.local_handler()
+            local_handler = found[0] if found is not None else None
+        failed = self.engine.failed
+        return assess(
+            node_id=self.config.node.id,
+            serving=self._serving,
+            store_open=self.engine.store_open,
+            failed=str(failed.result()) if failed.done() else None,
+            clustered=self.config.cluster is not None,
+            handler_type=handler.type if handler is not None and cluster is not None else None,
+            local_handler=local_handler,
+            peers=peers,
+            problems=self.problems,
+        )
+
+
+async def serve(config: NodeConfig) -> int:
+    """Run a node until SIGTERM/SIGINT (exit 0) or a fatal error (exit 1)."""
+    loop = asyncio.get_running_loop()
+    node = Node(config)
+    try:
+        await node.start()
+    except StartupError as err:
+        log.error("cannot start node", error=str(err))
+        return 1
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([stopping, node.failed], return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    await node.stop()
+    return 1 if node.failed.done() else 0
+
+
+def run_node(config: NodeConfig) -> int:
+    """Entry point of `pinmq node`: configure logging, serve, return the exit code."""
+    logs.configure(config.node.id, config.log.level, config.log.format)
+    return asyncio.run(serve(config))
