@@ -13,15 +13,15 @@ from broker.engine import ConsumerStream
 from broker.queue import Effects
 from broker.sending import LocalSendPath
 from pinmq.stomp.frames import Frame, FrameParser, encode_frame
-from pinmq.stomp.session import (
+from pinmq.stomp.protocol import (
     CLOSE,
     ProtocolError,
-    Session,
     negotiate_heart_beat,
     negotiate_version,
     prefetch_of,
     queue_name,
 )
+from pinmq.stomp.session import Session
 
 
 class StubNode:
@@ -202,4 +202,4 @@ async def test_close_discards_transactions_and_closes_consumers(stub: StubNode) 
     session.close()
     q = stub.core.queue("q")
     assert (q.depth, q.consumer_count) == (1, 0)
-    assert session.txs == {}
+    assert len(session.txs) == 0

@@ -20,7 +20,8 @@ from typing import Any
 from broker import logs
 from broker.engine import Engine
 from broker.sending import SendPath
-from pinmq.stomp.session import CLOSE, Session, Subscription
+from pinmq.stomp.protocol import CLOSE, Subscription
+from pinmq.stomp.session import Session
 
 READ_CHUNK = 256 * 1024
 WRITE_SLICE = 1024 * 1024  # bytes per socket write (and drain) at most, big bodies aside
