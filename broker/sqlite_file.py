@@ -46,6 +46,32 @@ def read_only(path: Path) -> sqlite3.Connection:
     return sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
 
 
+def prepare(
+    path: Path, *, what: str, application_id: int, schema_version: int, error: type[Exception]
+) -> bool:
+    """Make the directory, then check the file before anyone writes to it; True if it is new.
+
+    Raises `error` (naming the path) if the file is not a readable, intact SQLite file of
+    this kind (`what`); it is then left untouched.
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise error(f"{path}: cannot create the directory: {exc}") from exc
+    if path.exists() and not path.is_file():
+        raise error(f"{path}: exists but is not a regular file")
+    fresh = is_fresh(path)
+    if not fresh:
+        verify(
+            path,
+            what=what,
+            application_id=application_id,
+            schema_version=schema_version,
+            error=error,
+        )
+    return fresh
+
+
 def verify(
     path: Path, *, what: str, application_id: int, schema_version: int, error: type[Exception]
 ) -> None:

@@ -75,21 +75,13 @@ class BindingStore:
     def open(cls, path: Path) -> BindingStore:
         """Open or create the file and start the writer; raises `BindingStoreError` if bad."""
         path = Path(path)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise BindingStoreError(f"{path}: cannot create the directory: {exc}") from exc
-        if path.exists() and not path.is_file():
-            raise BindingStoreError(f"{path}: exists but is not a regular file")
-        fresh = sqlite_file.is_fresh(path)
-        if not fresh:
-            sqlite_file.verify(
-                path,
-                what="pinmq bindings file",
-                application_id=APPLICATION_ID,
-                schema_version=SCHEMA_VERSION,
-                error=BindingStoreError,
-            )
+        fresh = sqlite_file.prepare(
+            path,
+            what="pinmq bindings file",
+            application_id=APPLICATION_ID,
+            schema_version=SCHEMA_VERSION,
+            error=BindingStoreError,
+        )
         store = cls(path)
         ready: concurrent.futures.Future[None] = concurrent.futures.Future()
         store._thread = threading.Thread(
