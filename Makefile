@@ -29,12 +29,14 @@ prerequisites:
 
 test: prerequisites $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports  # the layers and no import cycles: pyproject.toml, docs/architecture.md
 	$(BIN)/python -m pytest -q --ignore=tests/test_pipeline.py
 	# Spark in a process of its own: after the gRPC tests its JVM gateway failed to start in-process.
 	$(BIN)/python -m pytest -q tests/test_pipeline.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(BIN)/ruff format --check .
 
 proto: $(STAMP)

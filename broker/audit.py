@@ -60,15 +60,29 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from broker import logs
 
-if TYPE_CHECKING:
-    from broker.queue import Effects
-    from handler.arbiter import Binding
+
+class Changes(Protocol):
+    """What a core call changed (`broker.queue.Effects`), as the audit log reads it."""
+
+    added: Sequence[Any]
+    removed: Sequence[Any]
+    updated: Sequence[Any]
+    dead: Sequence[Any]
+    deliveries: Sequence[Any]
+
+
+class RoutingBinding(Protocol):
+    """The binding that routed a grouped message (`handler.arbiter.Binding`)."""
+
+    group: str
+    epoch: int
+
 
 log = logs.get("audit")
 
@@ -169,7 +183,7 @@ class AuditLog:
 
     # ---- recording (hot path: queue references, format nothing) -----------------------------
 
-    def effects(self, fx: Effects) -> None:
+    def effects(self, fx: Changes) -> None:
         """Node events for one core call's Effects (called from `Node.apply`).
 
         One queue entry per kind of event, holding the messages: their fields other than the
@@ -205,7 +219,7 @@ class AuditLog:
         headers: Mapping[str, str],
         queue: str,
         node: str,
-        binding: Binding | None = None,
+        binding: RoutingBinding | None = None,
         decision_ns: int | None = None,
     ) -> None:
         """The cluster send path routed a message to `queue@node` (`cluster/sending.py`).
