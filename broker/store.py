@@ -215,21 +215,13 @@ class Store:
         size, beyond which writes fail with `StoreError` instead of filling the disk.
         """
         path = Path(path)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StoreError(f"{path}: cannot create the directory: {exc}") from exc
-        if path.exists() and not path.is_file():
-            raise StoreError(f"{path}: exists but is not a regular file")
-        fresh = sqlite_file.is_fresh(path)
-        if not fresh:
-            sqlite_file.verify(
-                path,
-                what="pinmq store",
-                application_id=APPLICATION_ID,
-                schema_version=SCHEMA_VERSION,
-                error=StoreError,
-            )
+        fresh = sqlite_file.prepare(
+            path,
+            what="pinmq store",
+            application_id=APPLICATION_ID,
+            schema_version=SCHEMA_VERSION,
+            error=StoreError,
+        )
         store = cls(path, max_bytes)
         store._start(fresh)
         return store
