@@ -1,0 +1,44 @@
+"""The Python client of pinmq: producers, consumers and queue administration over gRPC.
+
+Everything is batched on the wire: `Producer.send_many` pipelines batches on one stream,
+a consumer receives every ready delivery in one message, and acks made between two reads
+go out together in one Settle. `SyncClient` is a small blocking facade for scripts. The
+client imports nothing of the server side (a contract in pyproject.toml says so).
+"""
+
+from broker.client.base import DEFAULT_URL, Body, Item
+from broker.client.connection import Client
+from broker.client.consumer import Consumer, Received
+from broker.client.errors import (
+    REFUSED_METADATA,
+    AlreadyExists,
+    InvalidArgument,
+    NotFound,
+    PinmqError,
+    Unavailable,
+)
+from broker.client.info import ClusterGroupInfo, ClusterGroups, ClusterStatus, GroupInfo, QueueInfo
+from broker.client.producer import Producer
+from broker.client.sync import SyncClient
+
+__all__ = [
+    "DEFAULT_URL",
+    "REFUSED_METADATA",
+    "AlreadyExists",
+    "Body",
+    "Client",
+    "ClusterGroupInfo",
+    "ClusterGroups",
+    "ClusterStatus",
+    "Consumer",
+    "GroupInfo",
+    "InvalidArgument",
+    "Item",
+    "NotFound",
+    "PinmqError",
+    "Producer",
+    "QueueInfo",
+    "Received",
+    "SyncClient",
+    "Unavailable",
+]

@@ -1,0 +1,57 @@
+"""What the client's parts share: message types, defaults, the channel's readiness, and `Link`.
+
+`Link` is what a producer or consumer needs of the connection that made it, so neither
+imports `Client` (which creates them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Mapping
+from typing import Literal, Protocol, TypeVar
+
+import grpc
+from grpc import aio
+
+from broker.audit import AuditLog
+from pinmq_pb import client_pb2_grpc as pb_grpc
+
+Body = bytes | str
+Item = Body | tuple[Body, Mapping[str, str]]
+SettleKind = Literal["ack", "release", "reject"]
+T = TypeVar("T")
+
+DEFAULT_URL = "127.0.0.1:7601"
+CONNECT_TIMEOUT_S = 5.0
+BATCH_BYTES = 1 << 20  # a send_many batch is cut at this size, below the server's frame limit
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.max_send_message_length", -1),
+]
+
+
+class Link(Protocol):
+    """The connection a producer or consumer works through (`Client`)."""
+
+    target: str  # the node it is connected to (host:port)
+    audit: AuditLog | None
+    _broker: pb_grpc.BrokerStub
+
+    async def _call(self, rpc: Awaitable[T]) -> T: ...
+
+
+async def ready(channel: aio.Channel, timeout: float) -> bool:
+    """Wait until the channel connects; False at once on a refused connection, or on timeout."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    state = channel.get_state(try_to_connect=True)
+    while state != grpc.ChannelConnectivity.READY:
+        remaining = deadline - loop.time()
+        if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE or remaining <= 0:
+            return False
+        try:
+            await asyncio.wait_for(channel.wait_for_state_change(state), remaining)
+        except TimeoutError:
+            return False
+        state = channel.get_state(try_to_connect=True)
+    return True

@@ -1,0 +1,322 @@
+"""Consuming: a subscription stream that receives batched deliveries and settles them in
+batches, reconnecting to the node's queue after a lost link."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import deque
+from collections.abc import Awaitable, Iterable, Iterator
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Self
+
+import grpc
+from grpc import aio
+
+from broker.audit import MID_HEADER
+from broker.client.base import CONNECT_TIMEOUT_S, Link, SettleKind
+from broker.client.errors import PinmqError, from_rpc
+from pinmq_pb import client_pb2 as pb
+
+
+@dataclass(slots=True, eq=False)
+class Received:
+    """A delivered message; settle it exactly once with ack, release or reject."""
+
+    msg_id: int
+    delivery_id: int
+    queue: str
+    address: str
+    body: bytes
+    headers: dict[str, str]
+    group_id: str | None
+    group_seq: int
+    delivery_count: int
+    persistent: bool
+    _consumer: Consumer = field(repr=False)
+    _settled: bool = field(default=False, repr=False)
+
+    @property
+    def text(self) -> str:
+        return self.body.decode()
+
+    async def ack(self, wait: bool = False) -> None:
+        """Done with it; `wait` returns only once the server has committed the ack."""
+        await self._settle("ack", wait)
+
+    async def release(self, wait: bool = False) -> None:
+        """Give it back: it is redelivered first in its group, delivery count + 1.
+
+        The server takes back every later message of the group this consumer holds, so the
+        group is redelivered in order: those still buffered here are dropped, and settling
+        one already handed out is ignored by the server.
+        """
+        await self._settle("release", wait)
+
+    async def reject(self, wait: bool = False) -> None:
+        """Refuse it: it goes to the dead-letter address (or is dropped)."""
+        await self._settle("reject", wait)
+
+    async def _settle(self, kind: SettleKind, wait: bool) -> None:
+        if self._settled:
+            raise PinmqError(
+                f"delivery {self.delivery_id} is already settled", "FAILED_PRECONDITION"
+            )
+        self._settled = True
+        receipt = self._consumer.settle(kind, [self.delivery_id], wait)
+        if kind == "ack":
+            self._consumer._audit_acked((self,))
+        if kind == "release":
+            self._consumer._drop_returned([self])
+        if receipt is not None:
+            await receipt
+
+
+class Consumer:
+    """Receives from one queue: `async for msg in consumer` (or `await consumer.receive()`).
+
+    A background task reads the stream, so receipts arrive even while nobody iterates; settles
+    are queued and a writer task sends everything queued since its last write as one message.
+    """
+
+    def __init__(self, client: Link, queue: str, name: str, prefetch: int) -> None:
+        self.queue = queue
+        self.name = name
+        self.prefetch = prefetch
+        self.consumer_id: str | None = None
+        self._client = client
+        self._call: aio.StreamStreamCall | None = None
+        self._buffer: deque[Received] = deque()
+        self._arrived = asyncio.Event()
+        self._outbox: list[tuple[SettleKind, list[int], bool]] = []
+        self._outbox_ready = asyncio.Event()
+        self._receipts: dict[int, asyncio.Future[None]] = {}
+        self._error: PinmqError | None = None
+        self._ended = False
+        self._closing = False
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        """Subscribe; raises NotFound / InvalidArgument when the server refuses."""
+        if self._call is not None:
+            return
+        self._call = call = self._client._broker.Consume()
+        subscribe = pb.Subscribe(queue=self.queue, consumer_name=self.name, prefetch=self.prefetch)
+        try:
+            await call.write(pb.ConsumeRequest(subscribe=subscribe))
+            first = await call.read()
+        except grpc.RpcError as err:
+            raise from_rpc(err, self._client.target) from None
+        if first is aio.EOF or first.WhichOneof("kind") != "subscribed":
+            call.cancel()
+            raise PinmqError("the server ended the subscription at once", "UNKNOWN")
+        self.consumer_id = first.subscribed.consumer_id
+        self._tasks = [
+            asyncio.create_task(self._read_loop(call)),
+            asyncio.create_task(self._write_loop(call)),
+        ]
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, _t: type[BaseException] | None, _e: BaseException | None, _tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Received:
+        message = await self.receive()
+        if message is None:
+            raise StopAsyncIteration
+        return message
+
+    async def receive(self, timeout: float | None = None) -> Received | None:
+        """The next message; None when the stream ended or `timeout` seconds passed."""
+        await self.start()
+        while not self._buffer:
+            if self._error is not None:
+                raise self._error
+            if self._ended:
+                return None
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), timeout)
+            except TimeoutError:
+                return None
+        return self._buffer.popleft()
+
+    async def ack_many(self, messages: Iterable[Received], wait: bool = False) -> None:
+        """Ack several messages in one request (they are usually batched anyway)."""
+        await self._settle_many("ack", messages, wait)
+
+    async def release_many(self, messages: Iterable[Received], wait: bool = False) -> None:
+        await self._settle_many("release", messages, wait)
+
+    async def _settle_many(
+        self, kind: SettleKind, messages: Iterable[Received], wait: bool
+    ) -> None:
+        ids, chosen = [], []
+        for m in messages:
+            if m._settled:
+                raise PinmqError(
+                    f"delivery {m.delivery_id} is already settled", "FAILED_PRECONDITION"
+                )
+            m._settled = True
+            ids.append(m.delivery_id)
+            chosen.append(m)
+        receipt = self.settle(kind, ids, wait)
+        if kind == "ack":
+            self._audit_acked(chosen)
+        if kind == "release":
+            self._drop_returned(chosen)
+        if receipt is not None:
+            await receipt
+
+    def settle(
+        self, kind: SettleKind, delivery_ids: list[int], wait: bool
+    ) -> Awaitable[Any] | None:
+        """Queue a settle; with `wait`, returns an awaitable that completes on the receipt."""
+        if self._error is not None:
+            raise self._error
+        if self._call is None or self._closing:
+            raise PinmqError("the consumer is not subscribed", "FAILED_PRECONDITION")
+        self._outbox.append((kind, delivery_ids, wait))
+        self._outbox_ready.set()
+        if not wait:
+            return None
+        loop = asyncio.get_running_loop()
+        futures = [self._receipts.setdefault(i, loop.create_future()) for i in delivery_ids]
+        return asyncio.gather(*futures)
+
+    def _drop_returned(self, released: Iterable[Received]) -> None:
+        """Forget buffered messages the server took back with a release of their group."""
+        since: dict[str, int] = {}
+        for m in released:
+            if m.group_id is not None:
+                since[m.group_id] = min(since.get(m.group_id, m.delivery_id), m.delivery_id)
+        if not since:
+            return
+        kept: deque[Received] = deque()
+        for m in self._buffer:
+            if m.group_id in since and m.delivery_id > since[m.group_id]:
+                m._settled = True
+            else:
+                kept.append(m)
+        self._buffer = kept
+
+    async def close(self) -> None:
+        """Flush pending settles and unsubscribe; unsettled messages go back to the queue."""
+        if self._call is None or self._closing:
+            return
+        self._closing = True
+        self._outbox_ready.set()
+        reader, writer = self._tasks
+        await writer
+        try:
+            await asyncio.wait_for(reader, CONNECT_TIMEOUT_S)
+        except TimeoutError:
+            self._call.cancel()
+        self._fail_receipts(PinmqError("the consumer was closed", "CANCELLED"))
+
+    async def _read_loop(self, call: aio.StreamStreamCall) -> None:
+        try:
+            while (response := await call.read()) is not aio.EOF:
+                kind = response.WhichOneof("kind")
+                if kind == "deliveries":
+                    self._buffer.extend(self._received(d) for d in response.deliveries.deliveries)
+                    self._arrived.set()
+                elif kind == "settled":
+                    for did in response.settled.delivery_ids:
+                        future = self._receipts.pop(did, None)
+                        if future is not None and not future.done():
+                            future.set_result(None)
+        except grpc.RpcError as err:
+            if not (self._closing and err.code() == grpc.StatusCode.CANCELLED):
+                self._error = from_rpc(err, self._client.target)
+                self._fail_receipts(self._error)
+        finally:
+            self._ended = True
+            self._arrived.set()
+            self._outbox_ready.set()
+
+    async def _write_loop(self, call: aio.StreamStreamCall) -> None:
+        try:
+            while True:
+                await self._outbox_ready.wait()
+                self._outbox_ready.clear()
+                if self._ended:
+                    return
+                batch, self._outbox = self._outbox, []
+                for kind, ids, wait in _coalesce(batch):
+                    await call.write(
+                        pb.ConsumeRequest(**{kind: pb.Settle(delivery_ids=ids, want_receipt=wait)})
+                    )
+                if self._closing and not self._outbox:
+                    await call.done_writing()
+                    return
+        except grpc.RpcError:
+            pass  # the read loop reports the stream's status
+
+    def _audit(self, kind: str, m: Received, **extra: Any) -> None:
+        audit = self._client.audit
+        assert audit is not None
+        mid = m.headers.get(MID_HEADER)
+        audit.record(
+            kind,
+            msg_id=m.msg_id,
+            mid=mid,
+            address=m.address,
+            queue=m.queue,
+            group=m.group_id,
+            group_seq=m.group_seq or None,
+            producer=mid.rpartition("/")[0] or None if mid else None,
+            consumer=self.consumer_id,
+            consumer_name=self.name,
+            **extra,
+        )
+
+    def _audit_acked(self, messages: Iterable[Received]) -> None:
+        if self._client.audit is not None:
+            for m in messages:
+                self._audit("client_acked", m)
+
+    def _received(self, d: pb.Delivery) -> Received:
+        if self._client.audit is not None:
+            received = self._received_plain(d)
+            self._audit("client_received", received, delivery_count=received.delivery_count)
+            return received
+        return self._received_plain(d)
+
+    def _received_plain(self, d: pb.Delivery) -> Received:
+        return Received(
+            msg_id=d.msg_id,
+            delivery_id=d.delivery_id,
+            queue=d.queue,
+            address=d.address,
+            body=d.body,
+            headers={k: d.headers[k] for k in d.headers},
+            group_id=d.group_id or None,
+            group_seq=d.group_seq,
+            delivery_count=d.delivery_count,
+            persistent=d.persistent,
+            _consumer=self,
+        )
+
+    def _fail_receipts(self, error: PinmqError) -> None:
+        receipts, self._receipts = self._receipts, {}
+        for future in receipts.values():
+            if not future.done():
+                future.set_exception(error)
+
+
+def _coalesce(
+    batch: list[tuple[SettleKind, list[int], bool]],
+) -> Iterator[tuple[SettleKind, list[int], bool]]:
+    """Merge consecutive settles of the same kind and receipt wish, keeping their order."""
+    for (kind, wait), group in itertools.groupby(batch, key=lambda e: (e[0], e[2])):
+        yield kind, [i for _, ids, _ in group for i in ids], wait

@@ -1,0 +1,61 @@
+"""What the admin calls answer: queues, groups, the cluster's groups and status."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+
+@dataclass(slots=True, frozen=True)
+class QueueInfo:
+    name: str
+    address: str
+    depth: int
+    consumer_count: int
+    settings: dict[str, Any]
+
+
+@dataclass(slots=True, frozen=True)
+class GroupInfo:
+    group: str
+    owner: str | None
+    owner_name: str | None
+    pending: int
+    outstanding: int
+    last_use: datetime | None
+
+
+@dataclass(slots=True, frozen=True)
+class ClusterGroupInfo:
+    """A group on one queue instance (`queue@node`), as `Client.cluster_groups` lists it."""
+
+    group: str
+    queue: str
+    node: str
+    bound: bool  # the LOCAL grouping handler binds (group, queue) to this node
+    owner: str | None
+    owner_name: str | None
+    pending: int
+    outstanding: int
+    last_use: datetime | None
+
+
+@dataclass(slots=True, frozen=True)
+class ClusterGroups:
+    groups: list[ClusterGroupInfo]
+    unreachable: list[str]  # nodes (or the grouping handler) that did not answer
+    problems: list[str]
+
+
+@dataclass(slots=True, frozen=True)
+class ClusterStatus:
+    node_id: str
+    connected: dict[str, bool]  # node id -> linked now (this node included)
+    handlers: dict[str, str]  # node id -> "LOCAL", "REMOTE" or ""
+    problems: list[str]
+    consumers: dict[str, dict[str, int]]  # node id -> queue -> consumers, as this node sees it
+
+
+def from_unix_ms(unix_ms: int) -> datetime | None:
+    return datetime.fromtimestamp(unix_ms / 1000, UTC) if unix_ms else None
