@@ -274,3 +274,49 @@ async def stomp_send(
                 parser.feed(data)
     finally:
         writer.close()
+
+
+# ---- scenarios' building blocks -----------------------------------------------------------
+
+NODES = ("n1", "n2", "n3")
+
+
+async def create_everywhere(nodes: ClusterNodes, queue: str, node_ids=NODES) -> None:
+    for node_id in node_ids:
+        async with nodes.client(node_id) as client:
+            await client.create_queue(queue)
+
+
+async def consumers_on(
+    nodes: ClusterNodes, queue: str, node_ids, collector: Collector, clients: list[Client]
+) -> None:
+    """One consumer per node (labelled with the node id), seen by every node before returning."""
+    for node_id in node_ids:
+        client = nodes.client(node_id)
+        await client.connect()
+        clients.append(client)
+        await collector.add(client, queue, node_id)
+    nodes.wait_consumers(queue, {n: 1 for n in node_ids})
+
+
+def in_order(collector: Collector, expected: dict[str, list[str]]) -> dict[str, str]:
+    """Each group went whole to one consumer, in order, and nothing else arrived; group -> node."""
+    per_group = collector.per_group()
+    assert set(per_group) == set(expected), f"groups seen {set(per_group)}"
+    owner: dict[str, str] = {}
+    for group, bodies in expected.items():
+        got = per_group[group]
+        labels = {label for label, _ in got}
+        assert len(labels) == 1, f"group {group} went to several consumers: {labels}"
+        assert [b for _, b in got] == bodies, f"group {group} out of order or incomplete"
+        owner[group] = labels.pop()
+    return owner
+
+
+async def until(check, what: str) -> None:
+    """Poll an async check until it holds (bounded)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 20
+    while not await check():
+        assert loop.time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)

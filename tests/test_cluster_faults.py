@@ -1,0 +1,330 @@
+"""Clustered grouping through stops, kills, restarts and timeouts: real node processes.
+
+Each scenario starts a cluster of its own (`own`), since it stops, kills or restarts nodes or
+needs other grouping settings. Assertions are about where messages went (one consumer per
+group, in order, exactly the messages sent), never about timing.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cluster_nodes import (
+    NODES,
+    ClusterNodes,
+    Collector,
+    consumers_on,
+    create_everywhere,
+    grouping,
+    in_order,
+    stomp_send,
+    until,
+)
+from conftest import unique
+from grpc_health.v1 import health_pb2
+
+from broker.client import Client, Unavailable
+
+
+@pytest.fixture
+def own(tmp_path: Path) -> Iterator[list[ClusterNodes]]:
+    """Clusters a destructive scenario starts for itself (`own.append(ClusterNodes(...))`)."""
+    started: list[ClusterNodes] = []
+    yield started
+    for nodes in started:
+        nodes.kill_all()
+
+
+async def sf_depth(client: Client, peer: str) -> int:
+    """Messages waiting in this node's store-and-forward queue for `peer`."""
+    return sum(q.depth for q in await client.queues() if q.name == f"$sf.pinmq.{peer}")
+
+
+async def test_messages_for_a_stopped_pinned_node_wait_and_arrive_in_order_after_its_restart(
+    tmp_path: Path, own: list[ClusterNodes]
+) -> None:
+    # A timeout longer than the restart: the binding must outlive the node's absence.
+    nodes = ClusterNodes(tmp_path, grouping(["n1", "n2"], timeout=30000))
+    own.append(nodes.start())
+    queue, group = unique("pinned"), unique("g")
+    await create_everywhere(nodes, queue, ["n1", "n2"])
+    before, after, clients = Collector(), Collector(), []
+    try:
+        await consumers_on(nodes, queue, ["n2"], before, clients)
+        async with nodes.client("n1") as client:
+            await client.producer(queue, group_id=group).send_batch(["m0", "m1"])
+        await before.wait(2)
+        assert in_order(before, {group: ["m0", "m1"]}) == {group: "n2"}
+        await before.close()
+        nodes.stop("n2")
+        waiting = [f"m{i}" for i in range(2, 40)]
+        async with nodes.client("n1") as client:
+            await client.producer(queue, group_id=group).send_many(waiting, batch_size=7)
+            assert await sf_depth(client, "n2") == len(waiting)  # held for n2, not re-routed
+            nodes.start("n2")
+            await consumers_on(nodes, queue, ["n2"], after, [])
+            await after.wait(len(waiting))
+            assert in_order(after, {group: waiting}) == {group: "n2"}
+
+            async def drained() -> bool:
+                return await sf_depth(client, "n2") == 0
+
+            await until(drained, "n1's store-and-forward queue to drain")
+    finally:
+        await after.close()
+        for client in clients:
+            await client.close()
+
+
+async def bind_then_stop_all(
+    nodes: ClusterNodes, queue: str, groups: list[str], consumer_nodes, via: str
+) -> tuple[dict[str, str], dict[str, str]]:
+    """Bind `groups` with one message each sent through `via`, then stop every node.
+
+    Returns the consumer's node of each group (checked whole and in order) and the bindings
+    the cluster listed before the stop.
+    """
+    collector, clients = Collector(), []
+    try:
+        await consumers_on(nodes, queue, consumer_nodes, collector, clients)
+        async with nodes.client(via) as client:
+            for group in groups:
+                await client.producer(queue, group_id=group).send("before")
+            bound = {g.group: g.node for g in (await client.cluster_groups(queue)).groups}
+        await collector.wait(len(groups))
+        owner = in_order(collector, {g: ["before"] for g in groups})
+    finally:
+        await collector.close()
+        for client in clients:
+            await client.close()
+    for node_id in NODES:
+        nodes.stop(node_id)
+    return owner, bound
+
+
+async def test_the_whole_cluster_restarts_and_its_bindings_hold(
+    tmp_path: Path, own: list[ClusterNodes]
+) -> None:
+    nodes = ClusterNodes(tmp_path, grouping(NODES, timeout=30000))
+    own.append(nodes.start())
+    queue = unique("restart")
+    await create_everywhere(nodes, queue)
+    groups = [f"{queue}-g{i}" for i in range(6)]
+    owner, bound = await bind_then_stop_all(nodes, queue, groups, NODES, "n2")
+    assert owner == bound and len(set(owner.values())) == 3
+    nodes.start()
+    second, clients = Collector(), []
+    try:
+        await consumers_on(nodes, queue, NODES, second, clients)
+        async with nodes.client("n3") as client:  # a REMOTE node with an empty cache
+            for group in groups:
+                await client.producer(queue, group_id=group).send("after")
+            listing = await client.cluster_groups(queue)
+        await second.wait(len(groups))
+        assert in_order(second, {g: ["after"] for g in groups}) == owner
+        assert {g.group: g.node for g in listing.groups if g.bound} == bound
+    finally:
+        await second.close()
+        for client in clients:
+            await client.close()
+
+
+async def test_groups_of_a_node_that_never_comes_back_are_bound_again_after_timeout(
+    tmp_path: Path, own: list[ClusterNodes]
+) -> None:
+    nodes = ClusterNodes(tmp_path, grouping(NODES, timeout=3000))
+    own.append(nodes.start())
+    queue, group = unique("gone"), unique("g")
+    await create_everywhere(nodes, queue)
+    lost, found, clients = Collector(), Collector(), []
+    try:
+        await consumers_on(nodes, queue, ["n3"], lost, clients)
+        async with nodes.client("n2") as client:
+            await client.producer(queue, group_id=group).send_batch(["a0", "a1"])
+        await lost.wait(2)
+        assert in_order(lost, {group: ["a0", "a1"]}) == {group: "n3"}
+        await lost.close()
+        nodes.stop("n3", signal.SIGKILL)
+        await consumers_on(nodes, queue, ["n1"], found, clients)
+
+        async def rebindable() -> bool:
+            async with nodes.client("n2") as client:
+                listing = await client.cluster_groups(queue, group=group)
+            return not any(g.bound for g in listing.groups)
+
+        await until(rebindable, "the binding to the dead node to be dropped")
+        async with nodes.client("n1") as client:
+            await client.producer(queue, group_id=group).send_batch(["b0", "b1"])
+            await found.wait(2)
+            listing = await client.cluster_groups(queue, group=group)
+        assert in_order(found, {group: ["b0", "b1"]}) == {group: "n1"}
+        assert [(g.node, g.bound) for g in listing.groups] == [("n1", True)]
+        assert listing.unreachable == ["n3: not connected"]
+    finally:
+        await found.close()
+        for client in clients:
+            await client.close()
+
+
+async def test_a_restarted_local_node_drops_bindings_to_a_queue_that_never_returns(
+    tmp_path: Path, own: list[ClusterNodes]
+) -> None:
+    # The timeout is long enough for the restart and the traffic below to fit inside it, so the
+    # test sees the stale bindings still held while unrelated traffic already flows.
+    nodes = ClusterNodes(tmp_path, grouping(NODES, timeout=15000))
+    own.append(nodes.start())
+    queue = unique("lrestart")
+    await create_everywhere(nodes, queue)
+    groups = [f"{queue}-g{i}" for i in range(4)]
+    owner, _ = await bind_then_stop_all(nodes, queue, groups, ["n2", "n3"], "n1")
+    gone = sorted(g for g, n in owner.items() if n == "n3")
+    kept = sorted(g for g, n in owner.items() if n == "n2")
+    assert gone and kept, owner
+    nodes.start("n1", "n2")  # n3 never comes back
+    second, clients = Collector(), []
+    try:
+        # While the LOCAL node waits for n3's queue, clients connect and other groups flow.
+        await consumers_on(nodes, queue, ["n1", "n2"], second, clients)
+        fresh = f"{queue}-fresh"
+        async with nodes.client("n1") as client:
+            for group in [*kept, fresh]:
+                await client.producer(queue, group_id=group).send("during")
+            await second.wait(len(kept) + 1)
+            listing = await client.cluster_groups(queue)
+        during = in_order(second, {g: ["during"] for g in [*kept, fresh]})
+        assert all(during[g] == "n2" for g in kept), during
+        held = {g.group: g.node for g in listing.groups if g.bound}
+        assert all(held.get(g) == "n3" for g in gone), f"stale bindings dropped too early: {held}"
+
+        async def dropped() -> bool:
+            async with nodes.client("n2") as client:
+                listing = await client.cluster_groups(queue)
+            bound = {g.group for g in listing.groups if g.bound}
+            return not bound.intersection(gone)
+
+        await until(dropped, "the bindings to n3's queue to be dropped")
+        async with nodes.client("n2") as client:
+            for group in gone:
+                await client.producer(queue, group_id=group).send_batch(["after0", "after1"])
+            await second.wait(len(kept) + 1 + 2 * len(gone))
+            listing = await client.cluster_groups(queue)
+        moved = in_order(
+            second,
+            {**{g: ["during"] for g in [*kept, fresh]}, **{g: ["after0", "after1"] for g in gone}},
+        )
+        rebound = {g.group: g.node for g in listing.groups if g.bound}
+        assert all(moved[g] == rebound[g] and rebound[g] in ("n1", "n2") for g in gone), rebound
+    finally:
+        await second.close()
+        for client in clients:
+            await client.close()
+
+
+async def test_group_timeout_frees_idle_groups_and_they_are_proposed_again(
+    tmp_path: Path, own: list[ClusterNodes]
+) -> None:
+    spec = grouping(["n1", "n2"], timeout=2000, group_timeout=600, reaper_period=200)
+    nodes = ClusterNodes(tmp_path, spec)
+    own.append(nodes.start())
+    queue, group = unique("idle"), unique("g")
+    await create_everywhere(nodes, queue, ["n1", "n2"])
+    first, second, clients = Collector(), Collector(), []
+    try:
+        await consumers_on(nodes, queue, ["n2"], first, clients)
+        async with nodes.client("n2") as client:
+            await client.producer(queue, group_id=group).send_batch(["a0", "a1"])
+            await first.wait(2)
+            assert group in {g.group for g in await client.groups(queue)}  # pinned at n2
+
+            async def expired() -> bool:
+                table = await client.groups(queue)  # n2 unpins it when told of the removal
+                listing = await client.cluster_groups(queue)
+                return group not in {g.group for g in table} and listing.groups == []
+
+            await until(expired, "the idle group's binding to be reaped and unpinned")
+        assert in_order(first, {group: ["a0", "a1"]}) == {group: "n2"}
+        await first.close()
+        await consumers_on(nodes, queue, ["n1"], second, clients)
+        nodes.wait_consumers(queue, {"n1": 1, "n2": 0})
+        async with nodes.client("n2") as client:  # the REMOTE node proposes it afresh
+            await client.producer(queue, group_id=group).send_batch(["b0", "b1"])
+            await second.wait(2)
+            listing = await client.cluster_groups(queue)
+        assert in_order(second, {group: ["b0", "b1"]}) == {group: "n1"}
+        assert [(g.node, g.bound) for g in listing.groups if g.group == group] == [("n1", True)]
+    finally:
+        await first.close()
+        await second.close()
+        for client in clients:
+            await client.close()
+
+
+async def test_with_the_local_node_unreachable_new_groups_fail_cached_ones_flow(
+    tmp_path: Path, own: list[ClusterNodes]
+) -> None:
+    nodes = ClusterNodes(tmp_path, grouping(["n1", "n2"], timeout=1000))
+    own.append(nodes.start())
+    queue, known = unique("headless"), unique("known")
+    await create_everywhere(nodes, queue, ["n1", "n2"])
+    collector, clients = Collector(), []
+    try:
+        await consumers_on(nodes, queue, ["n2"], collector, clients)
+        async with nodes.client("n2") as client:
+            producer = client.producer(queue, group_id=known)
+            await producer.send("k0")
+            await collector.wait(1)
+            nodes.stop("n1", signal.SIGKILL)
+
+            await producer.send("k1")  # cached at n2: flows without the LOCAL node
+            await collector.wait(2)
+            fresh = unique("fresh")
+            with pytest.raises(Unavailable) as failed:
+                await client.producer(queue, group_id=fresh).send("never")
+            message = str(failed.value)
+            assert fresh in message and queue in message and "1000 ms" in message, message
+            assert "lost or no connection" not in message  # n2 answered: it is the arbiter
+            # A batch with a cached and a new group is refused whole: nothing of it enqueued.
+            with pytest.raises(Unavailable):
+                await client.producer(queue).send_batch(
+                    [("k-never", {"JMSXGroupID": known}), ("x", {"JMSXGroupID": unique("new")})]
+                )
+            frames = await stomp_send(
+                nodes.stomp_port("n2"), queue, [("never", {"JMSXGroupID": fresh})]
+            )
+            assert frames[-1].command == "ERROR", frames
+            error = frames[-1].headers["message"]
+            assert fresh in error and queue in error and "1000 ms" in error, error
+            await producer.send("k2")
+            await collector.wait(3)
+            assert collector.bodies() == ["k0", "k1", "k2"]  # the refused messages are nowhere
+            [info] = [q for q in await client.queues() if q.name == queue]
+            assert info.depth == 0 and await sf_depth(client, "n1") == 0
+    finally:
+        await collector.close()
+        for client in clients:
+            await client.close()
+
+
+async def test_two_local_grouping_handlers_are_reported_and_refuse_new_groups(
+    tmp_path: Path, own: list[ClusterNodes]
+) -> None:
+    spec = grouping(["n1", "n2"])
+    spec["n2"]["grouping-handler"]["type"] = "LOCAL"
+    nodes = ClusterNodes(tmp_path, spec)
+    own.append(nodes.start())
+    for node_id, other in (("n1", "n2"), ("n2", "n1")):  # each names itself first
+        async with nodes.client(node_id) as client:
+            problems = (await client.cluster_status()).problems
+        assert problems == [f"two LOCAL grouping handlers: {node_id}, {other}"]
+        assert nodes.health(node_id, "pinmq.cluster") == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert nodes.health(node_id, "") == health_pb2.HealthCheckResponse.SERVING
+    async with nodes.client("n1") as client:
+        with pytest.raises(Unavailable, match="two LOCAL grouping handlers"):
+            await client.producer(unique("q"), group_id="g").send("x")
+        await client.producer(unique("q")).send("ungrouped traffic is unaffected")
+    nodes.wait_until(
+        lambda: "cluster misconfigured" in nodes.nodes["n1"].log(), "the problem to be logged"
+    )
