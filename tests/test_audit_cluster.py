@@ -11,10 +11,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from cluster_nodes import ClusterNodes, Collector, grouping, stomp_send
+from cluster_nodes import (
+    ClusterNodes,
+    Collector,
+    consumers_on,
+    create_everywhere,
+    grouping,
+    stomp_send,
+    until,
+)
 from conftest import unique
 from test_audit import events_in
-from test_cluster import consumers_on, create_everywhere, until
 
 from broker.audit import MID_HEADER
 from broker.message import GROUP_ID_HEADER, GROUP_SEQ_HEADER
