@@ -1,8 +1,5 @@
-"""LOCAL and REMOTE grouping handlers over real gRPC on loopback and real SQLite files.
-
-The LOCAL handler's service is hosted on an in-process `grpc.aio` server, as the cluster's
-server hosts it on a node; an interceptor counts the calls that reach it. Waits are bounded
-and nothing asserts how long anything took.
+"""The LOCAL grouping handler over real gRPC on loopback and a real SQLite bindings file, and
+`make_handler`. Waits are bounded and nothing asserts how long anything took.
 """
 
 from __future__ import annotations
@@ -10,20 +7,16 @@ from __future__ import annotations
 import asyncio
 import re
 import sqlite3
-from collections import Counter
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from grpc import aio
+from handler_nodes import WAIT_S, local_node, section, stored_rows, wait_until
 
-from broker.config import GroupingHandlerSection, NodeConfig
+from broker.config import NodeConfig
 from handler.api import (
     Binding,
-    DecisionTimeout,
-    HandlerUnavailable,
     RemovalReason,
 )
 from handler.bindings import BindingStoreError
@@ -32,103 +25,6 @@ from handler.local import SUBSCRIBED, LocalHandler
 from handler.remote import RemoteHandler
 from pinmq_pb import grouping_pb2 as pb
 from pinmq_pb import grouping_pb2_grpc as pb_grpc
-
-WAIT_S = 10.0
-
-
-def section(kind: str = "LOCAL", **settings: Any) -> GroupingHandlerSection:
-    return GroupingHandlerSection(type=kind, **settings)
-
-
-async def wait_until(predicate: Callable[[], object], what: str) -> None:
-    """Poll until `predicate()` is true; fail after WAIT_S naming what never happened."""
-    deadline = asyncio.get_running_loop().time() + WAIT_S
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            pytest.fail(f"not within {WAIT_S}s: {what}")
-        await asyncio.sleep(0.01)
-
-
-class CallCounter(aio.ServerInterceptor):
-    """Counts the RPCs that reach the server, by method name."""
-
-    def __init__(self) -> None:
-        self.calls: Counter[str] = Counter()
-
-    async def intercept_service(self, continuation: Any, details: Any) -> Any:
-        self.calls[details.method.rsplit("/", 1)[-1]] += 1
-        return await continuation(details)
-
-
-class LocalNode:
-    """A LocalHandler served on a loopback port; the server can be stopped and restarted."""
-
-    def __init__(self, handler: LocalHandler) -> None:
-        self.handler = handler
-        self.counter = CallCounter()
-        self.port = 0
-        self.server: aio.Server | None = None
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    async def serve(self) -> None:
-        self.server = aio.server(interceptors=[self.counter])
-        self.handler.add_to_server(self.server)
-        self.port = self.server.add_insecure_port(f"127.0.0.1:{self.port}")
-        await self.server.start()
-
-    async def halt(self) -> None:
-        if self.server is not None:
-            await self.server.stop(None)
-            self.server = None
-
-    @property
-    def proposals(self) -> int:
-        """Proposals that reached this server, by Propose or ProposeStream."""
-        assert self.handler.servicer is not None
-        return self.handler.servicer.proposals
-
-    def last_use(self, group: str, queue: str) -> int | None:
-        for b, last_use in self.handler.arbiter.bindings():
-            if b.key == (group, queue):
-                return last_use
-        return None
-
-
-@asynccontextmanager
-async def local_node(data_dir: Path, **settings: Any) -> AsyncIterator[LocalNode]:
-    handler = LocalHandler(section("LOCAL", **settings), "n-local", data_dir)
-    await handler.start()
-    node = LocalNode(handler)
-    await node.serve()
-    try:
-        yield node
-    finally:
-        await node.halt()
-        await handler.stop()
-
-
-@asynccontextmanager
-async def remote_handler(
-    locate: Callable[[], str | None], node_id: str = "n-remote", **settings: Any
-) -> AsyncIterator[RemoteHandler]:
-    remote = RemoteHandler(locate, section("REMOTE", **settings), node_id, reconnect_interval_ms=50)
-    await remote.start()
-    try:
-        yield remote
-    finally:
-        await remote.stop()
-
-
-def stored_rows(path: Path) -> list[tuple[str, str, str, int]]:
-    conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
-    try:
-        return conn.execute("SELECT grp, queue, node, epoch FROM bindings ORDER BY grp").fetchall()
-    finally:
-        conn.close()
-
 
 # ---- LOCAL -----------------------------------------------------------------------------------
 
@@ -302,224 +198,6 @@ async def test_propose_rejects_empty_fields(tmp_path: Path) -> None:
         assert (reply.node, reply.epoch, reply.accepted) == ("n2", 1, True)
         reply = await stub.Propose(pb.ProposeRequest(group="g", queue="q", node="n3"))
         assert (reply.node, reply.accepted) == ("n2", False)
-
-
-# ---- REMOTE ----------------------------------------------------------------------------------
-
-
-async def test_remote_miss_proposes_once_then_hits_the_cache(tmp_path: Path) -> None:
-    async with (
-        local_node(tmp_path) as local,
-        remote_handler(lambda: local.address) as remote,
-    ):
-        assert remote.cached("g1", "orders") is None
-        binding = await remote.decide("g1", "orders", "n-remote")
-        assert binding == Binding("g1", "orders", "n-remote", 1)
-        assert remote.cached("g1", "orders") == binding
-        for _ in range(100):
-            assert await remote.decide("g1", "orders", "other") == binding
-        assert local.proposals == 1
-        assert local.handler.cached("g1", "orders") == binding
-
-
-async def test_concurrent_misses_of_one_key_share_one_call(tmp_path: Path) -> None:
-    async with (
-        local_node(tmp_path) as local,
-        remote_handler(lambda: local.address) as remote,
-    ):
-        answers = await asyncio.gather(*(remote.decide("g1", "orders", f"n{i}") for i in range(20)))
-        assert len(set(answers)) == 1
-        assert local.proposals == 1
-
-
-async def test_two_remotes_proposing_different_nodes_get_the_same_binding(tmp_path: Path) -> None:
-    async with (
-        local_node(tmp_path) as local,
-        remote_handler(lambda: local.address, "n-a") as a,
-        remote_handler(lambda: local.address, "n-b") as b,
-    ):
-        for i in range(20):
-            group = f"g{i}"
-            from_a, from_b = await asyncio.gather(
-                a.decide(group, "orders", "n-a"), b.decide(group, "orders", "n-b")
-            )
-            assert from_a == from_b
-            assert from_a == local.handler.cached(group, "orders")
-        assert len(local.handler.arbiter) == 20
-
-
-async def test_unreachable_local_fails_new_groups_and_keeps_cached_ones(tmp_path: Path) -> None:
-    async with (
-        local_node(tmp_path) as local,
-        remote_handler(lambda: local.address, timeout=300) as remote,
-    ):
-        pinned = await remote.decide("g1", "orders", "n-remote")
-        await local.halt()
-        with pytest.raises(DecisionTimeout) as info:
-            await remote.decide("g2", "orders", "n-remote")
-        message = str(info.value)
-        assert message.startswith(
-            "no grouping decision for group 'g2' on queue 'orders' within 300 ms: "
-            f"the LOCAL grouping handler at {local.address} is unreachable"
-        ), message
-        assert remote.cached("g1", "orders") == pinned
-        assert await remote.decide("g1", "orders", "n-remote") == pinned
-        with pytest.raises(HandlerUnavailable):
-            await remote.list_bindings()
-
-
-async def test_concurrent_new_groups_share_one_stream_in_batches(tmp_path: Path) -> None:
-    async with (
-        local_node(tmp_path) as local,
-        remote_handler(lambda: local.address) as remote,
-    ):
-        groups = [f"g{i}" for i in range(300)]
-        answers = await asyncio.gather(*(remote.decide(g, "orders", "n-remote") for g in groups))
-        assert answers == [Binding(g, "orders", "n-remote", 1) for g in groups]
-        assert stored_rows(local.handler.path) == sorted(
-            (g, "orders", "n-remote", 1) for g in groups
-        )
-        assert local.counter.calls["ProposeStream"] == 1 and local.counter.calls["Propose"] == 0
-        assert local.proposals == len(groups)
-        assert local.handler.servicer is not None
-        assert local.handler.servicer.batches < len(groups)  # proposals travelled together
-
-
-async def test_a_restarted_local_server_is_reached_on_a_new_stream(tmp_path: Path) -> None:
-    async with (
-        local_node(tmp_path) as local,
-        remote_handler(lambda: local.address, timeout=5000) as remote,
-    ):
-        assert (await remote.decide("g1", "orders", "n-remote")).node == "n-remote"
-        await local.halt()
-        await local.serve()  # same port: the old stream is broken, the channel reconnects
-        assert (await remote.decide("g2", "orders", "n-remote")).node == "n-remote"
-        assert local.counter.calls["ProposeStream"] == 2
-
-
-async def test_a_proposal_the_local_node_cannot_decide_fails_with_its_reason(
-    tmp_path: Path,
-) -> None:
-    async with (
-        local_node(tmp_path) as local,
-        remote_handler(lambda: local.address, timeout=300) as remote,
-    ):
-        await local.handler.stop()  # still served, but its bindings file is closed
-        with pytest.raises(DecisionTimeout) as info:
-            await remote.decide("g", "orders", "n-remote")
-        assert str(info.value) == (
-            "no grouping decision for group 'g' on queue 'orders' within 300 ms: the LOCAL "
-            f"grouping handler at {local.address}: the LOCAL grouping handler is not running"
-        )
-        assert local.proposals >= 1
-
-
-async def test_no_known_local_node_times_out_with_a_clear_message() -> None:
-    async with remote_handler(lambda: None, timeout=200) as remote:
-        with pytest.raises(DecisionTimeout, match=r"^no grouping decision for group 'g' on queue"):
-            await remote.decide("g", "orders", "n-remote")
-        with pytest.raises(DecisionTimeout, match="no LOCAL grouping handler is known"):
-            await remote.decide("g", "orders", "n-remote")
-
-
-async def test_a_decision_waits_for_the_local_node_to_become_known(tmp_path: Path) -> None:
-    known: list[str] = []
-    async with (
-        local_node(tmp_path) as local,
-        remote_handler(lambda: known[0] if known else None, timeout=5000) as remote,
-    ):
-        pending = asyncio.ensure_future(remote.decide("g", "orders", "n-remote"))
-        await asyncio.sleep(0.1)
-        known.append(local.address)
-        async with asyncio.timeout(WAIT_S):
-            assert (await pending).node == "n-remote"
-
-
-async def test_removals_evict_cache_entries_and_call_back(tmp_path: Path) -> None:
-    async with (
-        local_node(tmp_path) as local,
-        remote_handler(lambda: local.address) as remote,
-    ):
-        removed: list[tuple[Binding, RemovalReason]] = []
-        remote.on_removed(lambda b, r: removed.append((b, r)))
-        await asyncio.wait_for(remote.subscribed.wait(), WAIT_S)
-        first = await remote.decide("g1", "orders", "n2")
-        second = await remote.decide("g2", "orders", "n3")
-        assert await local.handler.unbind("g1") == 1
-        await wait_until(lambda: remote.cached("g1", "orders") is None, "g1 evicted")
-        local.handler.instance_deleted("orders", "n3")
-        await wait_until(lambda: remote.cached("g2", "orders") is None, "g2 evicted")
-        assert removed == [
-            (first, RemovalReason.UNBOUND),
-            (second, RemovalReason.INSTANCE_DELETED),
-        ]
-        rebound = await remote.decide("g1", "orders", "n4")
-        assert rebound.node == "n4"
-
-
-async def test_removals_missed_while_disconnected_are_found_on_reconnect(tmp_path: Path) -> None:
-    async with (
-        local_node(tmp_path) as local,
-        remote_handler(lambda: local.address) as remote,
-    ):
-        removed: list[tuple[Binding, RemovalReason]] = []
-        remote.on_removed(lambda b, r: removed.append((b, r)))
-        gone = await remote.decide("g1", "orders", "n2")
-        kept = await remote.decide("g2", "orders", "n2")
-        await asyncio.wait_for(remote.subscribed.wait(), WAIT_S)
-        await local.halt()
-        await wait_until(lambda: not remote.subscribed.is_set(), "the stream noticed")
-        await local.handler.unbind("g1", "orders")  # nobody is subscribed to hear it
-        await local.serve()  # same port
-        await wait_until(lambda: remote.cached("g1", "orders") is None, "stale entry dropped")
-        assert removed == [(gone, RemovalReason.STALE)]
-        assert remote.cached("g2", "orders") == kept
-
-
-async def test_hits_refresh_last_use_in_batches_not_per_decide(tmp_path: Path) -> None:
-    async with (
-        local_node(tmp_path, group_timeout=400, reaper_period=60_000) as local,
-        remote_handler(lambda: local.address, group_timeout=400) as remote,
-    ):
-        await asyncio.wait_for(remote.subscribed.wait(), WAIT_S)
-        binding = await remote.decide("g1", "orders", "n2")
-        first_use = local.last_use("g1", "orders")
-        assert first_use is not None
-        decides = 0
-        while local.last_use("g1", "orders") == first_use:
-            for _ in range(50):
-                assert await remote.decide("g1", "orders", "n2") == binding
-                assert remote.cached("g1", "orders") == binding
-                decides += 2
-            await asyncio.sleep(0.02)
-            assert decides < 1_000_000, "last use never refreshed"
-        assert local.last_use("g1", "orders") > first_use
-        assert local.counter.calls["Touch"] >= 1
-        assert local.counter.calls["Touch"] < decides / 50
-        assert local.proposals == 1
-
-
-async def test_remote_lists_and_unbinds_through_the_local_node(tmp_path: Path) -> None:
-    async with (
-        local_node(tmp_path) as local,
-        remote_handler(lambda: local.address) as remote,
-    ):
-        await remote.decide("g1", "orders", "n2")
-        await remote.decide("g1", "invoices", "n3")
-        await remote.decide("g2", "orders", "n2")
-        listed = await remote.list_bindings()
-        assert {u.binding.key for u in listed} == {
-            ("g1", "orders"),
-            ("g1", "invoices"),
-            ("g2", "orders"),
-        }
-        assert all(u.last_use_unix_ms > 1_600_000_000_000 for u in listed)
-        assert [u.binding.key for u in await remote.list_bindings("g2")] == [("g2", "orders")]
-        assert len(await remote.list_bindings(limit=2)) == 2
-        assert await remote.unbind("g1", "invoices") == 1
-        assert await remote.unbind("g1") == 1
-        assert await remote.unbind("g1") == 0
-        assert [b.key for b, _ in local.handler.arbiter.bindings()] == [("g2", "orders")]
 
 
 # ---- wiring ----------------------------------------------------------------------------------

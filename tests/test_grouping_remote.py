@@ -1,0 +1,236 @@
+"""The REMOTE grouping handler against a LOCAL one over real gRPC on loopback: cache, shared
+proposals on one stream, removals, refreshes, failures. Waits are bounded and nothing asserts
+how long anything took.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from handler_nodes import WAIT_S, local_node, remote_handler, stored_rows, wait_until
+
+from handler.api import (
+    Binding,
+    DecisionTimeout,
+    HandlerUnavailable,
+    RemovalReason,
+)
+
+# ---- REMOTE ----------------------------------------------------------------------------------
+
+
+async def test_remote_miss_proposes_once_then_hits_the_cache(tmp_path: Path) -> None:
+    async with (
+        local_node(tmp_path) as local,
+        remote_handler(lambda: local.address) as remote,
+    ):
+        assert remote.cached("g1", "orders") is None
+        binding = await remote.decide("g1", "orders", "n-remote")
+        assert binding == Binding("g1", "orders", "n-remote", 1)
+        assert remote.cached("g1", "orders") == binding
+        for _ in range(100):
+            assert await remote.decide("g1", "orders", "other") == binding
+        assert local.proposals == 1
+        assert local.handler.cached("g1", "orders") == binding
+
+
+async def test_concurrent_misses_of_one_key_share_one_call(tmp_path: Path) -> None:
+    async with (
+        local_node(tmp_path) as local,
+        remote_handler(lambda: local.address) as remote,
+    ):
+        answers = await asyncio.gather(*(remote.decide("g1", "orders", f"n{i}") for i in range(20)))
+        assert len(set(answers)) == 1
+        assert local.proposals == 1
+
+
+async def test_two_remotes_proposing_different_nodes_get_the_same_binding(tmp_path: Path) -> None:
+    async with (
+        local_node(tmp_path) as local,
+        remote_handler(lambda: local.address, "n-a") as a,
+        remote_handler(lambda: local.address, "n-b") as b,
+    ):
+        for i in range(20):
+            group = f"g{i}"
+            from_a, from_b = await asyncio.gather(
+                a.decide(group, "orders", "n-a"), b.decide(group, "orders", "n-b")
+            )
+            assert from_a == from_b
+            assert from_a == local.handler.cached(group, "orders")
+        assert len(local.handler.arbiter) == 20
+
+
+async def test_unreachable_local_fails_new_groups_and_keeps_cached_ones(tmp_path: Path) -> None:
+    async with (
+        local_node(tmp_path) as local,
+        remote_handler(lambda: local.address, timeout=300) as remote,
+    ):
+        pinned = await remote.decide("g1", "orders", "n-remote")
+        await local.halt()
+        with pytest.raises(DecisionTimeout) as info:
+            await remote.decide("g2", "orders", "n-remote")
+        message = str(info.value)
+        assert message.startswith(
+            "no grouping decision for group 'g2' on queue 'orders' within 300 ms: "
+            f"the LOCAL grouping handler at {local.address} is unreachable"
+        ), message
+        assert remote.cached("g1", "orders") == pinned
+        assert await remote.decide("g1", "orders", "n-remote") == pinned
+        with pytest.raises(HandlerUnavailable):
+            await remote.list_bindings()
+
+
+async def test_concurrent_new_groups_share_one_stream_in_batches(tmp_path: Path) -> None:
+    async with (
+        local_node(tmp_path) as local,
+        remote_handler(lambda: local.address) as remote,
+    ):
+        groups = [f"g{i}" for i in range(300)]
+        answers = await asyncio.gather(*(remote.decide(g, "orders", "n-remote") for g in groups))
+        assert answers == [Binding(g, "orders", "n-remote", 1) for g in groups]
+        assert stored_rows(local.handler.path) == sorted(
+            (g, "orders", "n-remote", 1) for g in groups
+        )
+        assert local.counter.calls["ProposeStream"] == 1 and local.counter.calls["Propose"] == 0
+        assert local.proposals == len(groups)
+        assert local.handler.servicer is not None
+        assert local.handler.servicer.batches < len(groups)  # proposals travelled together
+
+
+async def test_a_restarted_local_server_is_reached_on_a_new_stream(tmp_path: Path) -> None:
+    async with (
+        local_node(tmp_path) as local,
+        remote_handler(lambda: local.address, timeout=5000) as remote,
+    ):
+        assert (await remote.decide("g1", "orders", "n-remote")).node == "n-remote"
+        await local.halt()
+        await local.serve()  # same port: the old stream is broken, the channel reconnects
+        assert (await remote.decide("g2", "orders", "n-remote")).node == "n-remote"
+        assert local.counter.calls["ProposeStream"] == 2
+
+
+async def test_a_proposal_the_local_node_cannot_decide_fails_with_its_reason(
+    tmp_path: Path,
+) -> None:
+    async with (
+        local_node(tmp_path) as local,
+        remote_handler(lambda: local.address, timeout=300) as remote,
+    ):
+        await local.handler.stop()  # still served, but its bindings file is closed
+        with pytest.raises(DecisionTimeout) as info:
+            await remote.decide("g", "orders", "n-remote")
+        assert str(info.value) == (
+            "no grouping decision for group 'g' on queue 'orders' within 300 ms: the LOCAL "
+            f"grouping handler at {local.address}: the LOCAL grouping handler is not running"
+        )
+        assert local.proposals >= 1
+
+
+async def test_no_known_local_node_times_out_with_a_clear_message() -> None:
+    async with remote_handler(lambda: None, timeout=200) as remote:
+        with pytest.raises(DecisionTimeout, match=r"^no grouping decision for group 'g' on queue"):
+            await remote.decide("g", "orders", "n-remote")
+        with pytest.raises(DecisionTimeout, match="no LOCAL grouping handler is known"):
+            await remote.decide("g", "orders", "n-remote")
+
+
+async def test_a_decision_waits_for_the_local_node_to_become_known(tmp_path: Path) -> None:
+    known: list[str] = []
+    async with (
+        local_node(tmp_path) as local,
+        remote_handler(lambda: known[0] if known else None, timeout=5000) as remote,
+    ):
+        pending = asyncio.ensure_future(remote.decide("g", "orders", "n-remote"))
+        await asyncio.sleep(0.1)
+        known.append(local.address)
+        async with asyncio.timeout(WAIT_S):
+            assert (await pending).node == "n-remote"
+
+
+async def test_removals_evict_cache_entries_and_call_back(tmp_path: Path) -> None:
+    async with (
+        local_node(tmp_path) as local,
+        remote_handler(lambda: local.address) as remote,
+    ):
+        removed: list[tuple[Binding, RemovalReason]] = []
+        remote.on_removed(lambda b, r: removed.append((b, r)))
+        await asyncio.wait_for(remote.subscribed.wait(), WAIT_S)
+        first = await remote.decide("g1", "orders", "n2")
+        second = await remote.decide("g2", "orders", "n3")
+        assert await local.handler.unbind("g1") == 1
+        await wait_until(lambda: remote.cached("g1", "orders") is None, "g1 evicted")
+        local.handler.instance_deleted("orders", "n3")
+        await wait_until(lambda: remote.cached("g2", "orders") is None, "g2 evicted")
+        assert removed == [
+            (first, RemovalReason.UNBOUND),
+            (second, RemovalReason.INSTANCE_DELETED),
+        ]
+        rebound = await remote.decide("g1", "orders", "n4")
+        assert rebound.node == "n4"
+
+
+async def test_removals_missed_while_disconnected_are_found_on_reconnect(tmp_path: Path) -> None:
+    async with (
+        local_node(tmp_path) as local,
+        remote_handler(lambda: local.address) as remote,
+    ):
+        removed: list[tuple[Binding, RemovalReason]] = []
+        remote.on_removed(lambda b, r: removed.append((b, r)))
+        gone = await remote.decide("g1", "orders", "n2")
+        kept = await remote.decide("g2", "orders", "n2")
+        await asyncio.wait_for(remote.subscribed.wait(), WAIT_S)
+        await local.halt()
+        await wait_until(lambda: not remote.subscribed.is_set(), "the stream noticed")
+        await local.handler.unbind("g1", "orders")  # nobody is subscribed to hear it
+        await local.serve()  # same port
+        await wait_until(lambda: remote.cached("g1", "orders") is None, "stale entry dropped")
+        assert removed == [(gone, RemovalReason.STALE)]
+        assert remote.cached("g2", "orders") == kept
+
+
+async def test_hits_refresh_last_use_in_batches_not_per_decide(tmp_path: Path) -> None:
+    async with (
+        local_node(tmp_path, group_timeout=400, reaper_period=60_000) as local,
+        remote_handler(lambda: local.address, group_timeout=400) as remote,
+    ):
+        await asyncio.wait_for(remote.subscribed.wait(), WAIT_S)
+        binding = await remote.decide("g1", "orders", "n2")
+        first_use = local.last_use("g1", "orders")
+        assert first_use is not None
+        decides = 0
+        while local.last_use("g1", "orders") == first_use:
+            for _ in range(50):
+                assert await remote.decide("g1", "orders", "n2") == binding
+                assert remote.cached("g1", "orders") == binding
+                decides += 2
+            await asyncio.sleep(0.02)
+            assert decides < 1_000_000, "last use never refreshed"
+        assert local.last_use("g1", "orders") > first_use
+        assert local.counter.calls["Touch"] >= 1
+        assert local.counter.calls["Touch"] < decides / 50
+        assert local.proposals == 1
+
+
+async def test_remote_lists_and_unbinds_through_the_local_node(tmp_path: Path) -> None:
+    async with (
+        local_node(tmp_path) as local,
+        remote_handler(lambda: local.address) as remote,
+    ):
+        await remote.decide("g1", "orders", "n2")
+        await remote.decide("g1", "invoices", "n3")
+        await remote.decide("g2", "orders", "n2")
+        listed = await remote.list_bindings()
+        assert {u.binding.key for u in listed} == {
+            ("g1", "orders"),
+            ("g1", "invoices"),
+            ("g2", "orders"),
+        }
+        assert all(u.last_use_unix_ms > 1_600_000_000_000 for u in listed)
+        assert [u.binding.key for u in await remote.list_bindings("g2")] == [("g2", "orders")]
+        assert len(await remote.list_bindings(limit=2)) == 2
+        assert await remote.unbind("g1", "invoices") == 1
+        assert await remote.unbind("g1") == 1
+        assert await remote.unbind("g1") == 0
+        assert [b.key for b, _ in local.handler.arbiter.bindings()] == [("g2", "orders")]
