@@ -22,8 +22,9 @@ from array import array
 from collections import deque
 
 from broker.config import QueueConfig
+from broker.effects import Effects
 from broker.message import GROUP_ID_HEADER, Message
-from broker.queue import Effects, Queue
+from broker.queue import Queue
 
 CONSUMERS = ("c1", "c2", "c3")
 PREFETCH = 100

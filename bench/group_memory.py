@@ -17,8 +17,9 @@ import tracemalloc
 from pathlib import Path
 
 from broker.config import QueueConfig
+from broker.effects import Effects
 from broker.message import GROUP_ID_HEADER, Message
-from broker.queue import Effects, Queue, _Group
+from broker.queue import Queue, _Group
 
 TARGET = 300
 CLOCK0 = 1_780_000_000_000_000_000  # wall-clock ns (the node passes time.time_ns())

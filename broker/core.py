@@ -11,8 +11,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from broker.config import NodeConfig, QueueConfig
+from broker.effects import Effects
+from broker.grouping import group_key
 from broker.message import Message
-from broker.queue import Effects, NoSuchGroup, Queue, QueueError, group_key
+from broker.queue import NoSuchGroup, Queue, QueueError
 
 ORIGINAL_ADDRESS_HEADER = "_AMQ_ORIG_ADDRESS"
 ORIGINAL_QUEUE_HEADER = "_AMQ_ORIG_QUEUE"

@@ -25,8 +25,8 @@ from broker.audit import node_audit
 from broker.clock import now_ns
 from broker.config import NodeConfig, QueueConfig
 from broker.core import BrokerCore
+from broker.effects import Delivery, Effects
 from broker.message import Message
-from broker.queue import Delivery, Effects
 from broker.store import Store, StoreError
 
 TICK_S = 0.05

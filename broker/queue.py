@@ -15,13 +15,13 @@ Invariants kept after every operation (checked by the stateful tests):
 
 from __future__ import annotations
 
-import zlib
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from broker.config import QueueConfig
-from broker.message import ALT_GROUP_ID_HEADER, GROUP_ID_HEADER, GROUP_SEQ_HEADER, Message
+from broker.effects import Delivery, Effects, GroupInfo
+from broker.grouping import group_key
+from broker.message import GROUP_SEQ_HEADER, Message
 
 
 class QueueError(Exception):
@@ -30,67 +30,6 @@ class QueueError(Exception):
 
 class NoSuchGroup(QueueError):
     """The named group is not in the queue's group table."""
-
-
-def group_key(settings: QueueConfig, headers: dict[str, str]) -> str | None:
-    """The group a message belongs to under `settings`: header, then default group, then bucket.
-
-    A function of the settings alone, so a clustered node can key a message for a queue that
-    lives on another node exactly as that queue will.
-    """
-    if settings.group_buckets == 0:
-        return None
-    gid = headers.get(settings.group_header)
-    if gid is None and settings.group_header == GROUP_ID_HEADER:
-        gid = headers.get(ALT_GROUP_ID_HEADER)
-    if not gid:
-        gid = settings.default_group
-        if gid is None:
-            return None
-    if settings.group_buckets > 0:
-        return f"bucket-{zlib.crc32(gid.encode()) % settings.group_buckets}"
-    return gid
-
-
-@dataclass(slots=True, frozen=True)
-class Delivery:
-    """A message handed to a consumer; `first_in_group` marks the first of a group it owns."""
-
-    delivery_id: int
-    consumer_id: str
-    message: Message
-    first_in_group: bool
-
-
-@dataclass(slots=True)
-class GroupInfo:
-    group: str
-    owner: str | None
-    owner_name: str | None
-    pending: int
-    outstanding: int
-    last_use_ns: int
-
-
-@dataclass(slots=True)
-class Effects:
-    """What an operation asks the shells to do: deliver, persist, delete, dead-letter."""
-
-    deliveries: list[Delivery] = field(default_factory=list)
-    added: list[Message] = field(default_factory=list)
-    removed: list[Message] = field(default_factory=list)
-    updated: list[Message] = field(default_factory=list)
-    dead: list[Message] = field(default_factory=list)
-    queues_created: list[tuple[str, str, QueueConfig]] = field(default_factory=list)
-
-    def merge(self, other: Effects) -> None:
-        """Fold a later operation's effects in, so several operations cost one store write."""
-        self.deliveries += other.deliveries
-        self.added += other.added
-        self.removed += other.removed
-        self.updated += other.updated
-        self.dead += other.dead
-        self.queues_created += other.queues_created
 
 
 class _Group:

@@ -15,7 +15,7 @@ from typing import Protocol
 
 from broker.clock import now_ns
 from broker.core import BrokerCore
-from broker.queue import Effects
+from broker.effects import Effects
 
 Sent = tuple[list[int], Effects]  # one msg id per message (the first copy's), what to apply
 

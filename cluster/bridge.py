@@ -28,8 +28,8 @@ from broker import logs
 from broker.clock import now_ns
 from broker.config import ClusterSection, QueueConfig
 from broker.core import CoreError
+from broker.effects import Delivery, Effects
 from broker.engine import ConsumerStream
-from broker.queue import Delivery, Effects
 from cluster.connector import CHANNEL_OPTIONS
 from cluster.local import LocalNode
 from pinmq_pb import cluster_pb2 as pb

@@ -13,8 +13,8 @@ from typing import Protocol
 from broker.audit import AuditLog
 from broker.config import NodeConfig
 from broker.core import BrokerCore
+from broker.effects import Effects
 from broker.engine import ConsumerStream, Receipt
-from broker.queue import Effects
 from broker.store import Store
 
 

@@ -20,7 +20,7 @@ from grpc import aio
 
 from broker import logs
 from broker.config import ClusterSection
-from broker.queue import Effects
+from broker.effects import Effects
 from cluster.bridge import (
     FORWARD_HEADER,
     SF_PREFIX,

@@ -36,7 +36,9 @@ from broker import logs
 from broker.clock import now_ns
 from broker.config import QueueConfig
 from broker.core import CoreError
-from broker.queue import Effects, Queue, group_key
+from broker.effects import Effects
+from broker.grouping import group_key
+from broker.queue import Queue
 from broker.sending import Outgoing, Sent
 from cluster.bridge import SF_PREFIX
 from cluster.local import LocalNode

@@ -22,8 +22,8 @@ from broker.admin import ClusterAdmin
 from broker.clock import now_ns
 from broker.config import QueueConfig
 from broker.core import CoreError
+from broker.effects import Delivery
 from broker.engine import ConsumerStream, Engine, Receipt
-from broker.queue import Delivery
 from broker.sending import Outgoing, SendPath
 from broker.store import StoreError
 from pinmq_pb import client_pb2 as pb

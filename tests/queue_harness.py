@@ -10,8 +10,9 @@ from broker.config import QueueConfig, parse_config
 from broker.core import (
     BrokerCore,
 )
+from broker.effects import Delivery, Effects
 from broker.message import GROUP_ID_HEADER, GROUP_SEQ_HEADER, Message
-from broker.queue import Delivery, Effects, Queue
+from broker.queue import Queue
 
 MS = 1_000_000  # ns per ms
 

@@ -20,8 +20,8 @@ from broker.audit import MID_HEADER, AuditLog, read_events, segments
 from broker.client import Client
 from broker.config import ConfigError, NodeConfig, QueueConfig, parse_config
 from broker.core import BrokerCore
+from broker.effects import Effects
 from broker.engine import Engine
-from broker.queue import Effects
 from cluster.node import ClusterNode
 from cluster.sending import ClusteredSendPath
 from handler.api import Binding

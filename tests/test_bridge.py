@@ -24,8 +24,8 @@ from broker.client import Client, Received
 from broker.clock import now_ns
 from broker.config import NodeConfig, QueueConfig
 from broker.core import ORIGINAL_QUEUE_HEADER, BrokerCore
+from broker.effects import Effects
 from broker.message import Message
-from broker.queue import Effects
 from broker.store import Store
 from cluster.bridge import FORWARD_HEADER, sf_queue
 from cluster.node import ClusterNode

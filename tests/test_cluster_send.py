@@ -18,9 +18,9 @@ import pytest
 
 from broker.config import NodeConfig, QueueConfig
 from broker.core import BrokerCore, CoreError
+from broker.effects import Effects
 from broker.engine import Engine
 from broker.message import GROUP_ID_HEADER
-from broker.queue import Effects
 from broker.sending import Outgoing
 from cluster.bridge import FORWARD_HEADER, sf_queue
 from cluster.node import ClusterNode

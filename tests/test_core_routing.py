@@ -15,8 +15,8 @@ from queue_harness import MS, Harness, core_from
 from broker.core import (
     UnknownAddress,
 )
+from broker.effects import Effects
 from broker.message import GROUP_ID_HEADER, Message
-from broker.queue import Effects
 
 # ---- BrokerCore routing -------------------------------------------------------------------------
 

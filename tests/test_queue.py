@@ -16,8 +16,9 @@ from broker.core import (
     ORIGINAL_ADDRESS_HEADER,
     ORIGINAL_QUEUE_HEADER,
 )
+from broker.effects import Delivery
 from broker.message import GROUP_ID_HEADER
-from broker.queue import Delivery, QueueError
+from broker.queue import QueueError
 
 # ---- ordering and stickiness ------------------------------------------------------------
 

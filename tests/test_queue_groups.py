@@ -11,8 +11,9 @@ from collections import defaultdict
 import pytest
 from queue_harness import MS, Harness, consumers_of, to
 
+from broker.effects import Delivery, Effects
 from broker.message import ALT_GROUP_ID_HEADER, GROUP_ID_HEADER
-from broker.queue import Delivery, Effects, QueueError
+from broker.queue import QueueError
 
 # ---- shared mode ----------------------------------------------------------------------------
 

@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from broker.config import QueueConfig
+from broker.effects import Effects
 from broker.message import Message
-from broker.queue import Effects, Queue
+from broker.queue import Queue
 
 CONSUMERS = ["c0", "c1", "c2", "c3"]
 GROUPS = ["g0", "g1", "g2", "g3", "g4", None]

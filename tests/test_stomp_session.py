@@ -9,8 +9,8 @@ import pytest
 
 from broker.config import NodeConfig, parse_config
 from broker.core import BrokerCore
+from broker.effects import Effects
 from broker.engine import ConsumerStream
-from broker.queue import Effects
 from broker.sending import LocalSendPath
 from pinmq.stomp.frames import Frame, FrameParser, encode_frame
 from pinmq.stomp.protocol import (

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from broker.effects import Delivery
 from broker.message import GROUP_ID_HEADER, GROUP_SEQ_HEADER
-from broker.queue import Delivery
 from pinmq.stomp.protocol import AUTO, CLIENT, DELIVERY_COUNT_HEADER, MESSAGE_OWN, Subscription
 
 

@@ -23,8 +23,8 @@ from typing import Any
 
 from broker.clock import now_ns
 from broker.core import CoreError, QueueExists
+from broker.effects import Delivery, Effects
 from broker.engine import ConsumerStream, Engine
-from broker.queue import Delivery, Effects
 from broker.sending import Outgoing, SendPath
 from broker.store import StoreError
 from pinmq.stomp.frames import (

@@ -1,0 +1,50 @@
+"""What the pure core hands to the shells: the Effects of an operation (deliveries, messages to
+persist, delete or dead-letter, queues created) and a group table's entries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from broker.config import QueueConfig
+from broker.message import Message
+
+
+@dataclass(slots=True, frozen=True)
+class Delivery:
+    """A message handed to a consumer; `first_in_group` marks the first of a group it owns."""
+
+    delivery_id: int
+    consumer_id: str
+    message: Message
+    first_in_group: bool
+
+
+@dataclass(slots=True)
+class GroupInfo:
+    group: str
+    owner: str | None
+    owner_name: str | None
+    pending: int
+    outstanding: int
+    last_use_ns: int
+
+
+@dataclass(slots=True)
+class Effects:
+    """What an operation asks the shells to do: deliver, persist, delete, dead-letter."""
+
+    deliveries: list[Delivery] = field(default_factory=list)
+    added: list[Message] = field(default_factory=list)
+    removed: list[Message] = field(default_factory=list)
+    updated: list[Message] = field(default_factory=list)
+    dead: list[Message] = field(default_factory=list)
+    queues_created: list[tuple[str, str, QueueConfig]] = field(default_factory=list)
+
+    def merge(self, other: Effects) -> None:
+        """Fold a later operation's effects in, so several operations cost one store write."""
+        self.deliveries += other.deliveries
+        self.added += other.added
+        self.removed += other.removed
+        self.updated += other.updated
+        self.dead += other.dead
+        self.queues_created += other.queues_created
