@@ -65,11 +65,24 @@ import structlog
 
 from broker import sqlite_file
 from broker.message import Message
+from broker.store_sql import (
+    APPLICATION_ID,
+    COUNT,
+    SAVE_QUEUE,
+    SCHEMA,
+    SCHEMA_VERSION,
+    SELECT_MESSAGES,
+    UPSERT_MARK,
+    Key,
+    Row,
+    apply_net,
+    dumps,
+    rows,
+)
 
 log = structlog.get_logger(__name__)
+_NO_MARKS: Mapping[str, int] = MappingProxyType({})
 
-APPLICATION_ID = 0x706D7131  # "pmq1" in the SQLite header: marks the file as a pinmq store.
-SCHEMA_VERSION = 1
 MAX_BATCH_OPS = 5000
 COMPACT_AFTER_DELETES = 10_000
 VACUUM_STEP_PAGES = 1024  # ~10-20 ms of work: the most a new write waits behind compaction
@@ -77,59 +90,8 @@ JOURNAL_SIZE_LIMIT = 16 * 1024 * 1024
 CACHE_KIB = 16 * 1024
 BUSY_TIMEOUT_MS = 5000
 
-_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS queues (
-        id INTEGER PRIMARY KEY,
-        name TEXT NOT NULL UNIQUE,
-        address TEXT NOT NULL,
-        settings TEXT NOT NULL)""",
-    # Body last: reading or skipping the small columns never walks a big body's overflow pages.
-    """CREATE TABLE IF NOT EXISTS messages (
-        id INTEGER PRIMARY KEY,
-        msg_id INTEGER NOT NULL,
-        queue TEXT NOT NULL,
-        address TEXT NOT NULL,
-        headers TEXT NOT NULL,
-        delivery_count INTEGER NOT NULL,
-        grp TEXT,
-        group_seq INTEGER NOT NULL,
-        enqueued_ns INTEGER NOT NULL,
-        body BLOB NOT NULL)""",
-    "CREATE UNIQUE INDEX IF NOT EXISTS messages_key ON messages (msg_id, queue)",
-    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)",
-    "INSERT OR IGNORE INTO meta (key, value) VALUES ('max_msg_id', 0)",
-    # Store-and-forward: per origin, the highest forwarded sequence held here (exactly once).
-    "CREATE TABLE IF NOT EXISTS marks (origin TEXT PRIMARY KEY, seq INTEGER NOT NULL)",
-    # Names this store to the peers it forwards to: a wiped data dir restarts its msg ids, and
-    # receivers must not drop those as duplicates of the old store's.
-    "INSERT OR IGNORE INTO meta (key, value) VALUES ('store_id', abs(random() >> 1))",
-)
-_INSERT = (
-    "INSERT OR REPLACE INTO messages (msg_id, queue, address, headers, delivery_count, grp,"
-    " group_seq, enqueued_ns, body) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-_DELETE = "DELETE FROM messages WHERE msg_id = ? AND queue = ?"
-_UPDATE = "UPDATE messages SET delivery_count = ? WHERE msg_id = ? AND queue = ?"
-_SAVE_QUEUE = (
-    "INSERT INTO queues (name, address, settings) VALUES (?, ?, ?) ON CONFLICT (name)"
-    " DO UPDATE SET address = excluded.address, settings = excluded.settings"
-)
-_UPSERT_MARK = (
-    "INSERT INTO marks (origin, seq) VALUES (?, ?) ON CONFLICT (origin)"
-    " DO UPDATE SET seq = max(seq, excluded.seq)"
-)
-_NO_MARKS: Mapping[str, int] = MappingProxyType({})
-_SELECT_MESSAGES = (
-    "SELECT msg_id, queue, address, headers, delivery_count, grp, group_seq, enqueued_ns, body"
-    " FROM messages ORDER BY msg_id, queue"
-)
-
 # Request kinds handled by the writer thread.
 _WRITE, _SAVE_QUEUE_OP, _DELETE_QUEUE_OP, _CLOSE = range(4)
-_COUNT = 4  # index of delivery_count in a message row
-
-Row = tuple[int, str, str, str, int, str | None, int, int, bytes]
-Key = tuple[int, str]
 
 
 class StoreError(Exception):
@@ -147,42 +109,6 @@ class _Request:
         self.size = size
         self.loop: asyncio.AbstractEventLoop | None = None
         self.future: asyncio.Future[None] | None = None
-
-
-def _dumps(value: Any) -> str:
-    # ASCII-only output can always be bound as TEXT, so a bad header fails the call, not a batch.
-    return json.dumps(value, separators=(",", ":"))
-
-
-def _rows(messages: Sequence[Message]) -> list[Row]:
-    """Snapshot persistent messages as rows now, on the caller's thread (they are mutable)."""
-    rows: list[Row] = []
-    encoded: dict[int, str] = {}  # multicast copies share one headers dict: encode it once
-    for m in messages:
-        if not m.persistent:
-            continue
-        headers = m.headers
-        if headers:
-            text = encoded.get(id(headers))
-            if text is None:
-                text = encoded[id(headers)] = _dumps(headers)
-        else:
-            text = "{}"
-        body = m.body if type(m.body) is bytes else bytes(m.body)
-        rows.append(
-            (
-                m.msg_id,
-                m.queue,
-                m.address,
-                text,
-                m.delivery_count,
-                m.group,
-                m.group_seq,
-                m.enqueued_ns,
-                body,
-            )
-        )
-    return rows
 
 
 class Store:
@@ -248,7 +174,7 @@ class Store:
         conn = sqlite_file.open_writer(
             self.path,
             fresh=fresh,
-            schema=_SCHEMA,
+            schema=SCHEMA,
             application_id=APPLICATION_ID,
             schema_version=SCHEMA_VERSION,
             pragmas=pragmas,
@@ -275,7 +201,7 @@ class Store:
         last: tuple[int, str, dict[str, str], bytes] | None = None
         with self._reader() as conn:
             for msg_id, queue_, address, text, count, grp, seq, enq, body in conn.execute(
-                _SELECT_MESSAGES
+                SELECT_MESSAGES
             ):
                 if last is not None and last[0] == msg_id and last[1] == text:
                     headers = last[2]
@@ -344,7 +270,7 @@ class Store:
         transaction as the messages, so a forwarded message and the fact that it arrived are
         durable together or not at all.
         """
-        adds = _rows(added)
+        adds = rows(added)
         dels = [(m.msg_id, m.queue) for m in removed if m.persistent]
         upds = [(m.delivery_count, m.msg_id, m.queue) for m in updated if m.persistent]
         ups = list(marks.items())
@@ -354,7 +280,7 @@ class Store:
 
     async def save_queue(self, address: str, queue: str, settings: dict) -> None:
         """Create or replace a queue definition (JSON-serialisable settings), durably."""
-        await self._submit(_Request(_SAVE_QUEUE_OP, (queue, address, _dumps(settings)), 1))
+        await self._submit(_Request(_SAVE_QUEUE_OP, (queue, address, dumps(settings)), 1))
 
     async def delete_queue(self, queue: str) -> None:
         """Remove a queue definition and all of its stored messages, durably."""
@@ -467,7 +393,7 @@ class Store:
                 if request.kind == _WRITE:
                     adds, dels, upds, ups = request.payload
                     if ups:
-                        conn.executemany(_UPSERT_MARK, ups)
+                        conn.executemany(UPSERT_MARK, ups)
                     for row in adds:
                         net[(row[0], row[1])] = row
                         max_id = max(max_id, row[0])
@@ -475,23 +401,23 @@ class Store:
                         key = (msg_id, queue_)
                         current = net.get(key, 0)
                         if type(current) is tuple:
-                            net[key] = (*current[:_COUNT], count, *current[_COUNT + 1 :])
+                            net[key] = (*current[:COUNT], count, *current[COUNT + 1 :])
                         elif current is not None:  # a count after a delete stays deleted
                             net[key] = count
                     for key in dels:
                         net[key] = None
                     continue
                 # Queue operations see every earlier message operation applied first.
-                deleted += _apply(conn, net)
+                deleted += apply_net(conn, net)
                 net = {}
                 if request.kind == _SAVE_QUEUE_OP:
-                    conn.execute(_SAVE_QUEUE, request.payload)
+                    conn.execute(SAVE_QUEUE, request.payload)
                 else:
                     name = (request.payload,)
                     cursor = conn.execute("DELETE FROM messages WHERE queue = ?", name)
                     deleted += max(cursor.rowcount, 0)
                     conn.execute("DELETE FROM queues WHERE name = ?", name)
-            deleted += _apply(conn, net)
+            deleted += apply_net(conn, net)
             if max_id > self._max_id:
                 conn.execute("UPDATE meta SET value = ? WHERE key = 'max_msg_id'", (max_id,))
             conn.execute("COMMIT")
@@ -551,27 +477,3 @@ class Store:
             except sqlite3.Error as exc:
                 error = StoreError(f"{self.path}: close failed: {exc}")
         self._resolve([request], [error])
-
-
-def _apply(conn: sqlite3.Connection, net: dict[Key, Row | int | None]) -> int:
-    """Execute folded message operations (keys are distinct, so order is free); rows deleted."""
-    if not net:
-        return 0
-    puts: list[Row] = []
-    dels: list[Key] = []
-    upds: list[tuple[int, int, str]] = []
-    for key, value in net.items():
-        if value is None:
-            dels.append(key)
-        elif type(value) is tuple:
-            puts.append(value)
-        else:
-            upds.append((value, key[0], key[1]))
-    deleted = 0
-    if dels:
-        deleted = max(conn.executemany(_DELETE, dels).rowcount, 0)
-    if puts:
-        conn.executemany(_INSERT, puts)
-    if upds:
-        conn.executemany(_UPDATE, upds)
-    return deleted

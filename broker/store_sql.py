@@ -1,0 +1,127 @@
+"""The message store's on-disk format: schema, SQL statements, and messages as rows.
+
+Kept apart from the writer thread (`broker/store.py`) so that what is on disk reads in one place.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+from broker.message import Message
+
+APPLICATION_ID = 0x706D7131  # "pmq1" in the SQLite header: marks the file as a pinmq store.
+SCHEMA_VERSION = 1
+
+SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS queues (
+        id INTEGER PRIMARY KEY,
+        name TEXT NOT NULL UNIQUE,
+        address TEXT NOT NULL,
+        settings TEXT NOT NULL)""",
+    # Body last: reading or skipping the small columns never walks a big body's overflow pages.
+    """CREATE TABLE IF NOT EXISTS messages (
+        id INTEGER PRIMARY KEY,
+        msg_id INTEGER NOT NULL,
+        queue TEXT NOT NULL,
+        address TEXT NOT NULL,
+        headers TEXT NOT NULL,
+        delivery_count INTEGER NOT NULL,
+        grp TEXT,
+        group_seq INTEGER NOT NULL,
+        enqueued_ns INTEGER NOT NULL,
+        body BLOB NOT NULL)""",
+    "CREATE UNIQUE INDEX IF NOT EXISTS messages_key ON messages (msg_id, queue)",
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)",
+    "INSERT OR IGNORE INTO meta (key, value) VALUES ('max_msg_id', 0)",
+    # Store-and-forward: per origin, the highest forwarded sequence held here (exactly once).
+    "CREATE TABLE IF NOT EXISTS marks (origin TEXT PRIMARY KEY, seq INTEGER NOT NULL)",
+    # Names this store to the peers it forwards to: a wiped data dir restarts its msg ids, and
+    # receivers must not drop those as duplicates of the old store's.
+    "INSERT OR IGNORE INTO meta (key, value) VALUES ('store_id', abs(random() >> 1))",
+)
+INSERT = (
+    "INSERT OR REPLACE INTO messages (msg_id, queue, address, headers, delivery_count, grp,"
+    " group_seq, enqueued_ns, body) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+DELETE = "DELETE FROM messages WHERE msg_id = ? AND queue = ?"
+UPDATE = "UPDATE messages SET delivery_count = ? WHERE msg_id = ? AND queue = ?"
+SAVE_QUEUE = (
+    "INSERT INTO queues (name, address, settings) VALUES (?, ?, ?) ON CONFLICT (name)"
+    " DO UPDATE SET address = excluded.address, settings = excluded.settings"
+)
+UPSERT_MARK = (
+    "INSERT INTO marks (origin, seq) VALUES (?, ?) ON CONFLICT (origin)"
+    " DO UPDATE SET seq = max(seq, excluded.seq)"
+)
+SELECT_MESSAGES = (
+    "SELECT msg_id, queue, address, headers, delivery_count, grp, group_seq, enqueued_ns, body"
+    " FROM messages ORDER BY msg_id, queue"
+)
+
+COUNT = 4  # index of delivery_count in a message row
+
+Row = tuple[int, str, str, str, int, str | None, int, int, bytes]
+Key = tuple[int, str]
+
+
+def dumps(value: Any) -> str:
+    # ASCII-only output can always be bound as TEXT, so a bad header fails the call, not a batch.
+    return json.dumps(value, separators=(",", ":"))
+
+
+def rows(messages: Sequence[Message]) -> list[Row]:
+    """Snapshot persistent messages as rows now, on the caller's thread (they are mutable)."""
+    rows: list[Row] = []
+    encoded: dict[int, str] = {}  # multicast copies share one headers dict: encode it once
+    for m in messages:
+        if not m.persistent:
+            continue
+        headers = m.headers
+        if headers:
+            text = encoded.get(id(headers))
+            if text is None:
+                text = encoded[id(headers)] = dumps(headers)
+        else:
+            text = "{}"
+        body = m.body if type(m.body) is bytes else bytes(m.body)
+        rows.append(
+            (
+                m.msg_id,
+                m.queue,
+                m.address,
+                text,
+                m.delivery_count,
+                m.group,
+                m.group_seq,
+                m.enqueued_ns,
+                body,
+            )
+        )
+    return rows
+
+
+def apply_net(conn: sqlite3.Connection, net: dict[Key, Row | int | None]) -> int:
+    """Execute folded message operations (keys are distinct, so order is free); rows deleted."""
+    if not net:
+        return 0
+    puts: list[Row] = []
+    dels: list[Key] = []
+    upds: list[tuple[int, int, str]] = []
+    for key, value in net.items():
+        if value is None:
+            dels.append(key)
+        elif type(value) is tuple:
+            puts.append(value)
+        else:
+            upds.append((value, key[0], key[1]))
+    deleted = 0
+    if dels:
+        deleted = max(conn.executemany(DELETE, dels).rowcount, 0)
+    if puts:
+        conn.executemany(INSERT, puts)
+    if upds:
+        conn.executemany(UPDATE, upds)
+    return deleted
