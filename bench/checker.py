@@ -94,50 +94,23 @@ def audit_cost(args: argparse.Namespace) -> int:
     """End-to-end msg/s with the node's audit log off and on (bench/end_to_end.py's scenario)."""
     import asyncio
     import contextlib
-    import os
 
     import end_to_end as e2e
-    import yaml
 
-    original_dump = yaml.safe_dump
-    audit_on = {"value": False}
     rates: dict[bool, list[float]] = {False: [], True: []}
     cpu_us: dict[bool, list[float]] = {False: [], True: []}  # node CPU per message
-
-    def dump(config: object, *a: object, **k: object) -> str:
-        # running_node writes the node config with yaml.safe_dump: add the audit section.
-        if isinstance(config, dict) and "node" in config and audit_on["value"]:
-            data_dir = Path(config["node"]["data-dir"])
-            config = {**config, "audit": {"enabled": True, "dir": str(data_dir / "audit")}}
-        return original_dump(config, *a, **k)
-
-    scenario = e2e.run_scenario
-
-    async def measured(*a: object, **k: object) -> object:
-        outcome = await scenario(*a, **k)
-        rates[audit_on["value"]].append(outcome.e2e_rate)
-        cpu_us[audit_on["value"]].append(outcome.node_cpu / args.messages * 1e6)
-        return outcome
-
-    e2e.yaml.safe_dump = dump  # type: ignore[attr-defined]
-    e2e.run_scenario = measured  # type: ignore[assignment]
-    e2e_args = argparse.Namespace(
-        quick=False,
-        messages=args.messages,
-        layout="shared",
-        prefetch=e2e.PREFETCH,
-        batch=e2e.BATCH_SIZE,
-        window=e2e.WINDOW,
-        repeat=1,
-        groups=[100],
-        modes=["persistent"],
-    )
     for run in range(args.repeat):
         for on in (False, True):
-            audit_on["value"] = on
             print(f"--- run {run + 1}/{args.repeat}, audit {'on' if on else 'off'} ---", flush=True)
+            e2e_args = e2e.parser().parse_args(
+                ["--messages", str(args.messages), "--groups", "100", "--modes", "persistent"]
+                + (["--audit"] if on else [])
+            )
             with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
-                asyncio.run(e2e.amain(e2e_args))
+                _ok, best = asyncio.run(e2e.measure(e2e_args))
+            outcome = best[(100, True)]
+            rates[on].append(outcome.e2e_rate)
+            cpu_us[on].append(outcome.nodes_cpu / args.messages * 1e6)
             rate, cpu = rates[on][-1], cpu_us[on][-1]
             print(f"    {rate:,.0f} msg/s, node CPU {cpu:.1f} us/msg", flush=True)
     off, on = max(rates[False]), max(rates[True])

@@ -36,273 +36,44 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import multiprocessing as mp
 import os
-import signal
-import sys
 import tempfile
-import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager, suppress
+from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import yaml
-from cluster_throughput import (
-    NODES,
+from grpc import aio
+from handler_probes import (
+    REMOTE_NODE,
+    LocalProcess,
+    Remote,
+    Stats,
+    serves_grouping,
+)
+from harness.clients import Plan, group_name
+from harness.load import Host, Outcome, add_load_args, run_load
+from harness.nodes import (
+    SETTLE_S,
     ClusterNotWorking,
-    Host,
     NodeProc,
-    Outcome,
-    Plan,
-    add_load_args,
     create_everywhere,
     delete_everywhere,
-    die_with_parent,
-    free_port,
-    group_name,
-    install_sigterm,
-    node_config,
     probe_send_path,
-    proc_cpu,
-    run_load,
     running_nodes,
-    start_node,
-    stop_nodes,
     wait_formed,
-    wait_serving,
 )
-from grpc import aio
+from harness.procs import fsync_ms, run_main
 
 from broker import logs
-from broker.config import GroupingHandlerSection
-from handler.local import LocalHandler
-from handler.remote import RemoteHandler
 from pinmq_pb import client_pb2 as cpb
 from pinmq_pb import client_pb2_grpc as cpb_grpc
-from pinmq_pb import grouping_pb2 as gpb
-from pinmq_pb import grouping_pb2_grpc as gpb_grpc
 
-QUEUE = "orders"
-REMOTE_NODE = "node2"
-LOCAL_NODE = "node1"
+NODES = 3
 CONCURRENCY = (1, 16)
-DECISION_TIMEOUT_MS = 5000
 TARGET_P99_MS = 5.0
 TARGET_COST = 0.10  # cached grouped routing at most 10 % slower than ungrouped
-WARMUP = 200
-START_TIMEOUT_S = 30.0
-COMMAND_TIMEOUT_S = 300.0
-SCENARIO_TIMEOUT_S = 300.0
-SETTLE_S = 1.0
-
-
-# ---- measuring ----------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Stats:
-    """Per-call latencies (ns, sorted), wall time, and CPU seconds per process during it."""
-
-    latencies: list[int]
-    elapsed: float
-    cpu: dict[str, float]
-    commits: int = -1  # bindings-file commits during the run (LOCAL process only)
-
-    def pct(self, q: float) -> int:
-        lat = self.latencies
-        return lat[min(len(lat) - 1, int(len(lat) * q))]
-
-    @property
-    def rate(self) -> float:
-        return len(self.latencies) / self.elapsed
-
-
-async def measure(
-    call: Callable[[str], Awaitable[object]], keys: Sequence[str], concurrency: int
-) -> tuple[list[int], float]:
-    """Await `call(key)` for every key, `concurrency` in flight; (sorted latencies, wall s)."""
-    latencies: list[int] = []
-    todo = iter(keys)
-    clock = time.perf_counter_ns
-
-    async def worker() -> None:
-        for key in todo:  # one iterator shared by the workers
-            t = clock()
-            await call(key)
-            latencies.append(clock() - t)
-
-    start = time.perf_counter()
-    async with asyncio.timeout(SCENARIO_TIMEOUT_S):
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-    elapsed = time.perf_counter() - start
-    latencies.sort()
-    return latencies, elapsed
-
-
-def measure_sync(call: Callable[[str], object], keys: Sequence[str]) -> tuple[list[int], float]:
-    """`call(key)` for every key, timed one by one; (sorted latencies, wall s)."""
-    latencies = []
-    clock = time.perf_counter_ns
-    start = time.perf_counter()
-    for key in keys:
-        t = clock()
-        call(key)
-        latencies.append(clock() - t)
-    elapsed = time.perf_counter() - start
-    latencies.sort()
-    return latencies, elapsed
-
-
-def fsync_ms(directory: Path, rounds: int = 200) -> tuple[float, float]:
-    """p50 and p99 of a 4 KiB append + fsync in `directory` (ms): the disk's state right now.
-
-    The LOCAL handler's new-group decision is one such commit at heart, so its tail follows
-    this one on a disk shared with other work.
-    """
-    times = []
-    fd = os.open(directory / "fsync-probe", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        for _ in range(rounds):
-            t = time.perf_counter()
-            os.write(fd, bytes(4096))
-            os.fsync(fd)
-            times.append(time.perf_counter() - t)
-    finally:
-        os.close(fd)
-        (directory / "fsync-probe").unlink()
-    times.sort()
-    return times[rounds // 2] * 1000, times[min(rounds - 1, rounds * 99 // 100)] * 1000
-
-
-def keys_for(tag: str, n: int) -> list[str]:
-    return [f"{tag}-{i:07d}" for i in range(n)]
-
-
-# ---- the LOCAL handler's process ----------------------------------------------------------------
-
-
-def local_main(data_dir: str, conn: Any) -> None:
-    """Host a LocalHandler on a loopback gRPC server; run baseline commands sent over `conn`."""
-    die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us
-    logs.configure(LOCAL_NODE, "warning", "console")
-    asyncio.run(_local(Path(data_dir), conn))
-
-
-async def _local(data_dir: Path, conn: Any) -> None:
-    section = GroupingHandlerSection(type="LOCAL", timeout=DECISION_TIMEOUT_MS)
-    handler = LocalHandler(section, LOCAL_NODE, data_dir)
-    await handler.start()
-    server = aio.server()
-    handler.add_to_server(server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    store = handler._store  # private: read for its commit count only
-    assert store is not None
-    conn.send(("ready", port))
-    try:
-        while True:
-            try:
-                if not await asyncio.to_thread(conn.poll, 0.2):
-                    continue
-                command, *params = conn.recv()
-            except (EOFError, OSError):
-                return  # the parent is gone
-            if command == "stop":
-                return
-            cpu0, commits0 = time.process_time(), store.commits
-            if command == "new":
-                tag, n, concurrency = params
-                lat, elapsed = await measure(
-                    lambda k: handler.decide(k, QUEUE, LOCAL_NODE), keys_for(tag, n), concurrency
-                )
-            elif command == "hit":
-                tag, n = params
-                lat, elapsed = await measure(
-                    lambda k: handler.decide(k, QUEUE, LOCAL_NODE), keys_for(tag, n), 1
-                )
-            else:  # "cached"
-                tag, n = params
-                lat, elapsed = measure_sync(lambda k: handler.cached(k, QUEUE), keys_for(tag, n))
-            cpu = {"LOCAL": time.process_time() - cpu0}
-            conn.send(("done", Stats(lat, elapsed, cpu, store.commits - commits0)))
-    finally:
-        await server.stop(0.5)
-        await handler.stop()
-
-
-class LocalProcess:
-    """The LOCAL handler's process, driven over a pipe."""
-
-    def __init__(self, data_dir: Path) -> None:
-        ctx = mp.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=local_main, args=(str(data_dir), child), daemon=True)
-        self.address = ""
-
-    async def start(self) -> None:
-        self.proc.start()
-        kind, port = await self._reply(START_TIMEOUT_S)
-        assert kind == "ready", kind
-        self.address = f"127.0.0.1:{port}"
-
-    async def run(self, *command: object) -> Stats:
-        self.conn.send(command)
-        kind, stats = await self._reply(COMMAND_TIMEOUT_S)
-        assert kind == "done", kind
-        return stats  # type: ignore[no-any-return]
-
-    async def _reply(self, timeout: float) -> tuple[str, Any]:
-        deadline = time.monotonic() + timeout
-        while not await asyncio.to_thread(self.conn.poll, 0.2):
-            if not self.proc.is_alive():
-                raise RuntimeError(f"the LOCAL process died (exit code {self.proc.exitcode})")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no answer from the LOCAL process in {timeout:.0f} s")
-        return self.conn.recv()  # type: ignore[no-any-return]
-
-    def stop(self) -> None:
-        if self.proc.is_alive():
-            with suppress(OSError):
-                self.conn.send(("stop",))
-            self.proc.join(5)
-        if self.proc.is_alive():
-            self.proc.terminate()
-            self.proc.join(5)
-        self.conn.close()
-
-
-@contextmanager
-def lone_local_node(workdir: Path) -> Iterator[NodeProc]:
-    """A real `pinmq node` with a cluster section (no peers) and the LOCAL grouping handler."""
-    listen = {k: f"127.0.0.1:{free_port()}" for k in ("client", "stomp", "cluster", "http")}
-    (workdir / LOCAL_NODE).mkdir(parents=True, exist_ok=True)
-    path = workdir / LOCAL_NODE / "node.yaml"
-    path.write_text(yaml.safe_dump(node_config(LOCAL_NODE, workdir, listen, [], "LOCAL")))
-    log_path = workdir / LOCAL_NODE / "node.log"
-    with log_path.open("ab") as log:
-        proc = start_node(path, log)
-    node = NodeProc(LOCAL_NODE, listen["client"], listen["cluster"], "LOCAL", proc, log_path)
-    try:
-        wait_serving(node)
-        yield node
-    finally:
-        stop_nodes([node])
-
-
-async def serves_grouping(address: str) -> str:
-    """'' if `address` answers GroupingHandler.Propose, else why not."""
-    async with aio.insecure_channel(address) as channel:
-        stub = gpb_grpc.GroupingHandlerStub(channel)
-        request = gpb.ProposeRequest(group="bench-probe", queue=QUEUE, node=REMOTE_NODE)
-        try:
-            await stub.Propose(request, timeout=DECISION_TIMEOUT_MS / 1000, wait_for_ready=True)
-        except aio.AioRpcError as err:
-            return f"{err.code().name}: {err.details()}"
-    return ""
 
 
 # ---- part 1 -------------------------------------------------------------------------------------
@@ -329,51 +100,6 @@ def _header(title: str) -> None:
     )
 
 
-class Remote:
-    """A RemoteHandler in this process, pointed at one LOCAL handler address."""
-
-    def __init__(self, address: str, cpu_of: dict[str, int]) -> None:
-        section = GroupingHandlerSection(type="REMOTE", timeout=DECISION_TIMEOUT_MS)
-        self.handler = RemoteHandler(
-            lambda: address, section, REMOTE_NODE, reconnect_interval_ms=200
-        )
-        self.cpu_of = cpu_of  # other processes whose CPU is read around each scenario
-
-    async def start(self) -> None:
-        await self.handler.start()
-        async with asyncio.timeout(START_TIMEOUT_S):
-            await self.handler.subscribed.wait()
-        await measure(self._decide, keys_for("warmup", WARMUP), 1)
-
-    async def _decide(self, key: str) -> object:
-        return await self.handler.decide(key, QUEUE, REMOTE_NODE)
-
-    def _cpu(self) -> dict[str, float]:
-        return {"REMOTE": time.process_time(), **{k: proc_cpu(p) for k, p in self.cpu_of.items()}}
-
-    def _stats(self, lat: list[int], elapsed: float, cpu0: dict[str, float]) -> Stats:
-        cpu1 = self._cpu()
-        return Stats(lat, elapsed, {k: cpu1[k] - cpu0[k] for k in cpu0})
-
-    async def new(self, tag: str, n: int, concurrency: int) -> Stats:
-        cpu0 = self._cpu()
-        lat, elapsed = await measure(self._decide, keys_for(tag, n), concurrency)
-        return self._stats(lat, elapsed, cpu0)
-
-    async def hit(self, tag: str, n: int) -> Stats:
-        cpu0 = self._cpu()
-        lat, elapsed = await measure(self._decide, keys_for(tag, n), 1)
-        return self._stats(lat, elapsed, cpu0)
-
-    def cached(self, tag: str, n: int) -> Stats:
-        cpu0 = self._cpu()
-        lat, elapsed = measure_sync(lambda k: self.handler.cached(k, QUEUE), keys_for(tag, n))
-        return self._stats(lat, elapsed, cpu0)
-
-    async def stop(self) -> None:
-        await self.handler.stop()
-
-
 async def part1(args: argparse.Namespace, work: Path) -> None:
     n = args.decisions or (2_000 if args.quick else 20_000)
     print(
@@ -382,14 +108,16 @@ async def part1(args: argparse.Namespace, work: Path) -> None:
         f"process (pid {os.getpid()})"
     )
     (work / "local").mkdir()
-    f50, f99 = fsync_ms(work / "local")
+    f50, f99 = fsync_ms(work / "local", 200)
     print(
         f"fsync before (4 KiB append + fsync in the data dir): p50 {f50:.2f} ms, p99 {f99:.2f} ms"
     )
     results: dict[str, Stats] = {}
     node_results: dict[str, Stats] = {}
     with ExitStack() as stack:
-        node = None if args.no_node else stack.enter_context(lone_local_node(work / "node"))
+        # A real node with a cluster section (no peers) and the LOCAL grouping handler.
+        lone = None if args.no_node else stack.enter_context(running_nodes(work / "node", 1, True))
+        node = lone[0] if lone else None
         local = LocalProcess(work / "local")
         stack.callback(local.stop)
         await local.start()
@@ -412,7 +140,7 @@ async def part1(args: argparse.Namespace, work: Path) -> None:
             assert node.cluster is not None
             why = await serves_grouping(node.cluster)
             if not why:
-                remote = Remote(node.cluster, {"node": node.proc.pid})
+                remote = Remote(node.cluster, {"node": node.pid})
                 await remote.start()
                 try:
                     for c in CONCURRENCY:
@@ -445,7 +173,7 @@ async def part1(args: argparse.Namespace, work: Path) -> None:
             _row(f"REMOTE decide, new group, {c} in flight", node_results[f"new {c}"])
         _row("REMOTE decide, bound key (cache hit)", node_results["hit"])
 
-    f50, f99 = fsync_ms(work)
+    f50, f99 = fsync_ms(work, 200)
     print(f"\nfsync after: p50 {f50:.2f} ms, p99 {f99:.2f} ms")
     print("\nratios (same run):")
     hit = results["remote hit"]
@@ -494,7 +222,10 @@ class Compared:
 
     def cpu_per_msg(self, persistent: bool, kind: str) -> float:
         """Lowest CPU of the sending node per message over the runs (us)."""
-        return min(o.node_cpu[self.node_id] / o.total for o in self.runs[(persistent, kind)]) * 1e6
+        return (
+            min(o.node_cpu[self.node_id].total / o.total for o in self.runs[(persistent, kind)])
+            * 1e6
+        )
 
 
 async def compare(
@@ -527,7 +258,7 @@ async def compare(
                 print(
                     f"  {label}, {mode}, {kind:<9} round {r + 1}/{repeat}: "
                     f"{o.e2e_rate:>8,.0f} msg/s end-to-end, {o.send_rate:>8,.0f} send, "
-                    f"{o.node_cpu[via.node_id] / o.total * 1e6:.0f} us {via.node_id} CPU/msg"
+                    f"{o.node_cpu[via.node_id].total / o.total * 1e6:.0f} us {via.node_id} CPU/msg"
                 )
     return Compared(runs, via.node_id)
 
@@ -683,14 +414,8 @@ def main() -> None:
     )
     add_load_args(parser)
     args = parser.parse_args()
-    install_sigterm()
     logs.configure(REMOTE_NODE, "warning", "console")  # the handlers' info lines: not here
-    try:
-        code = asyncio.run(amain(args))
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
-    sys.exit(code)
+    run_main(lambda: asyncio.run(amain(args)))
 
 
 if __name__ == "__main__":

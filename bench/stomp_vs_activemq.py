@@ -33,23 +33,21 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import queue as queue_mod
-import signal
 import statistics
 import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
+from harness.procs import machine_cpu, next_event, proc_cpu, run_main
+from harness.stats import order_checks, passed
 from stomp_load import workers
 from stomp_load.activemq import Running, ensure_installed, running_activemq
-from stomp_load.common import machine_cpu, proc_cpu
 from stomp_load.pinmq_node import running_pinmq
 from stomp_load.sink import running_sink
 
@@ -87,7 +85,7 @@ class Outcome:
 
     @property
     def passed(self) -> bool:
-        return all(ok for ok, _ in self.checks.values())
+        return passed(self.checks)
 
     @property
     def even(self) -> bool:
@@ -100,18 +98,6 @@ class Outcome:
 
 
 # ---- one scenario -----------------------------------------------------------------------------
-
-
-def _next_event(events: Any, procs: list[Any], timeout: float) -> tuple[str, Any]:
-    """The next event from the client processes; short waits so Ctrl-C is seen promptly."""
-    deadline = time.monotonic() + timeout
-    while True:
-        with suppress(queue_mod.Empty):
-            return events.get(True, 0.2)  # type: ignore[no-any-return]
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no word from the client processes in {timeout:.0f} s")
-        if any(p.exitcode not in (None, 0) for p in procs):
-            raise RuntimeError("a client process failed (see its traceback above)")
 
 
 def run_scenario(broker: str, target: Running, n: int, groups: int, mode: str) -> Outcome:
@@ -144,13 +130,13 @@ def run_scenario(broker: str, target: Running, n: int, groups: int, mode: str) -
         for p in procs:
             p.start()
         for _ in procs:
-            kind, _who = _next_event(events, procs, START_TIMEOUT_S)
+            kind, _who = next_event(events, procs, START_TIMEOUT_S)
             assert kind == "ready", kind
-        cpu0, (busy0, steal0), wall0 = proc_cpu(target.pid), machine_cpu(), time.monotonic()
+        cpu0, machine0, wall0 = proc_cpu(target.pid), machine_cpu(), time.monotonic()
 
         def collect(kinds: set[str], count: int) -> None:
             for _ in range(count):
-                kind, payload = _next_event(events, procs, 60 + n / MIN_RATE)
+                kind, payload = next_event(events, procs, 60 + n / MIN_RATE)
                 assert kind in kinds, kind
                 if kind == "producer":
                     prod.update(payload)
@@ -173,7 +159,7 @@ def run_scenario(broker: str, target: Running, n: int, groups: int, mode: str) -
             collect({"producer", "consumer"}, 1 + CONSUMERS)
             start = prod["t0"]
         broker_cpu = proc_cpu(target.pid) - cpu0  # includes the consumers' 0.5 s idle linger
-        busy1, steal1 = machine_cpu()
+        machine1 = machine_cpu()
         wall = time.monotonic() - wall0
         for p in procs:
             p.join(10)
@@ -202,8 +188,8 @@ def run_scenario(broker: str, target: Running, n: int, groups: int, mode: str) -
         checks=verify(seen, n, groups, prod["sent"], left),
         load=os.getloadavg()[0],
         receipt_waits=sorted(prod["waits"]),
-        others=max(0.0, (busy1 - busy0) - broker_cpu - client_cpu) / wall,
-        steal=(steal1 - steal0) / wall,
+        others=max(0.0, (machine1.busy - machine0.busy) - broker_cpu - client_cpu) / wall,
+        steal=(machine1.steal - machine0.steal) / wall,
     )
 
 
@@ -228,21 +214,8 @@ def verify(
         f"redelivered {redelivered}, late extras {extra}, left on queue {left}"
         + (f", {no_headers} without x-group/x-seq" if no_headers else "")
     )
-    disorder = 0
-    owners: dict[str, set[str]] = {}
-    for s in seen:
-        last: dict[str, int] = {}
-        for g, q in zip(s.groups, s.seqs, strict=True):
-            if q <= last.get(g, 0):
-                disorder += 1
-            last[g] = q
-            owners.setdefault(g, set()).add(s.name)
-    shared = sum(1 for o in owners.values() if len(o) > 1)
-    return {
-        "exactly-once": (once, once_why),
-        "per-group order": (disorder == 0, f"{disorder} out-of-order deliveries"),
-        "one consumer per group": (shared == 0, f"{shared} groups seen by >1 consumer"),
-    }
+    streams = [(s.name, ((g, g, q) for g, q in zip(s.groups, s.seqs, strict=True))) for s in seen]
+    return {"exactly-once": (once, once_why), **order_checks(streams)}
 
 
 # ---- reporting --------------------------------------------------------------------------------
@@ -496,17 +469,7 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    def on_term(_sig: int, _frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with it ignored
-    try:
-        ok = run(args)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
-    sys.exit(0 if ok else 1)
+    run_main(lambda: run(args))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from stomp_load.common import die_with_parent, free_port, stop, wait_stomp
+from harness.procs import reserve_port, spawn, stop
+
+from stomp_load.ready import wait_stomp
 
 HOME = Path("/usr/share/activemq")
 JAR = HOME / "bin" / "activemq.jar"
@@ -112,7 +114,7 @@ def running_activemq(workdir: Path) -> Iterator[Running]:
     base, conf, data, tmp = (workdir / d for d in ("base", "conf", "data", "tmp"))
     for d in (base, conf, data, tmp):
         d.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    port = reserve_port()
     (conf / "activemq.xml").write_text(_config(port))
     (conf / "log4j.properties").write_text(LOG4J)
     cmd = [
@@ -132,15 +134,7 @@ def running_activemq(workdir: Path) -> Iterator[Running]:
     ]
     log_path = workdir / "activemq.out"
     with log_path.open("ab") as log:
-        proc = subprocess.Popen(
-            cmd,
-            cwd=base,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,  # Ctrl-C reaches only us; we stop the broker ourselves
-            preexec_fn=die_with_parent,
-        )
+        proc = spawn(cmd, log, cwd=base)
     try:
         took = wait_stomp("127.0.0.1", port, proc, log_path, START_TIMEOUT_S, "ActiveMQ")
         settings = (

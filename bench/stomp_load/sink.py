@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import signal
-import subprocess
 import sys
 from collections import deque
 from collections.abc import Iterator
@@ -21,7 +20,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stomp_load.common import die_with_parent, free_port, stop, wait_stomp
+from harness.procs import reserve_port, spawn, stop
+
+from stomp_load.ready import wait_stomp
 
 _PASS = (b"x-group", b"x-seq", b"JMSXGroupID", b"persistent")
 
@@ -221,19 +222,11 @@ def serve(port: int, need: int) -> None:
 @contextmanager
 def running_sink(workdir: Path, need: int) -> Iterator[tuple[str, int, int]]:
     """The sink as a subprocess on a free loopback port: (host, port, pid); stopped on exit."""
-    port = free_port()
+    port = reserve_port()
     log_path = workdir / "sink.log"
     code = f"from stomp_load.sink import serve; serve({port}, {need})"
     with log_path.open("ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", code],
-            cwd=Path(__file__).resolve().parent.parent,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-            preexec_fn=die_with_parent,
-        )
+        proc = spawn([sys.executable, "-c", code], log, cwd=Path(__file__).resolve().parents[1])
     try:
         wait_stomp("127.0.0.1", port, proc, log_path, 20.0, "STOMP sink")
         yield "127.0.0.1", port, proc.pid

@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import stomp
-
-from stomp_load.common import die_with_parent
+from harness.procs import die_with_parent
 
 BODY = "x" * 100
 RECEIPT_EVERY = 100  # persistent sends per receipt wait
