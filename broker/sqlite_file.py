@@ -1,17 +1,23 @@
 """Checks and helpers shared by pinmq's SQLite files (the message store, the bindings).
 
 A file is verified read-only before anything may write to it, so a corrupt, truncated or
-foreign file is refused with a message naming it and is left exactly as it was.
+foreign file is refused with a message naming it and is left exactly as it was. Each file
+has one writer thread owning its writing connection: callers enqueue requests, the thread
+takes them in batches (one transaction, one fsync each) and resolves their futures.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import os
+import queue
 import sqlite3
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -175,6 +181,88 @@ def open_writer(
     if fresh:
         fsync_dir(path.parent)
     return conn
+
+
+# ---- the writer thread -------------------------------------------------------------------------
+
+
+class Request:
+    """One call waiting for a writer thread; `size` counts toward the batch bound."""
+
+    __slots__ = ("future", "kind", "loop", "payload", "size")
+
+    def __init__(self, kind: int, payload: Any, size: int) -> None:
+        self.kind = kind
+        self.payload = payload
+        self.size = size
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.future: asyncio.Future[None] | None = None
+
+
+Requests = queue.SimpleQueue[Request]
+
+
+def start_writer(
+    name: str,
+    connect: Callable[[], sqlite3.Connection],
+    serve: Callable[[sqlite3.Connection], None],
+) -> threading.Thread:
+    """A daemon thread that opens the file's writing connection, then serves requests on it.
+
+    Returns once the connection is open; raises what `connect` raised. Daemon: whatever was
+    committed is durable, and a stuck writer must never hang interpreter exit.
+    """
+    ready: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            conn = connect()
+        except BaseException as exc:
+            ready.set_exception(exc)
+            return
+        ready.set_result(None)
+        serve(conn)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    ready.result()
+    return thread
+
+
+def enqueue(requests: Requests, request: Request) -> asyncio.Future[None]:
+    """Hand a request to the writer thread; the future resolves once it is committed."""
+    loop = asyncio.get_running_loop()
+    request.loop = loop
+    request.future = loop.create_future()
+    requests.put(request)
+    return request.future
+
+
+def take(requests: Requests, close: int, max_size: int) -> tuple[list[Request], Request | None]:
+    """Block for one request, then take whatever else is queued, up to `max_size` in all.
+
+    Returns the batch and, when a request of kind `close` came, that request (last: it is
+    served after the batch).
+    """
+    request = requests.get()
+    batch: list[Request] = []
+    size = 0
+    while True:
+        if request.kind == close:
+            return batch, request
+        batch.append(request)
+        size += request.size
+        if size >= max_size:
+            return batch, None
+        try:
+            request = requests.get_nowait()
+        except queue.Empty:
+            return batch, None
+
+
+def settle(batch: Sequence[Request], errors: Iterable[BaseException | None]) -> None:
+    """Resolve a batch's waiters from the writer thread, each with its error or None."""
+    hand_back((r.loop, r.future, e) for r, e in zip(batch, errors, strict=True))
 
 
 # ---- handing results back from a writer thread ------------------------------------------------

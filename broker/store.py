@@ -50,7 +50,6 @@ Not handled here: two processes opening the same file (guard the data directory 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import json
 import queue
@@ -59,12 +58,12 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
 
 import structlog
 
 from broker import sqlite_file
 from broker.message import Message
+from broker.sqlite_file import Request, Requests
 from broker.store_sql import (
     APPLICATION_ID,
     COUNT,
@@ -98,19 +97,6 @@ class StoreError(Exception):
     """A store operation failed; the message names the file and what is wrong."""
 
 
-class _Request:
-    """One call waiting for the writer thread; `size` counts toward the batch bound."""
-
-    __slots__ = ("future", "kind", "loop", "payload", "size")
-
-    def __init__(self, kind: int, payload: Any, size: int) -> None:
-        self.kind = kind
-        self.payload = payload
-        self.size = size
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.future: asyncio.Future[None] | None = None
-
-
 class Store:
     """Persistent messages and queue definitions of one node, in one SQLite file.
 
@@ -124,7 +110,7 @@ class Store:
         self.commits = 0
         self.compactions = 0
         self._max_bytes = max_bytes
-        self._requests: queue.SimpleQueue[_Request] = queue.SimpleQueue()
+        self._requests: Requests = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._closed = False
         self._max_id = 0
@@ -153,13 +139,9 @@ class Store:
         return store
 
     def _start(self, fresh: bool) -> None:
-        ready: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._thread = threading.Thread(
-            target=self._run, args=(ready, fresh), name=f"store-writer:{self.path.name}"
+        self._thread = sqlite_file.start_writer(
+            f"store-writer:{self.path.name}", lambda: self._connect(fresh), self._serve
         )
-        self._thread.daemon = True  # committed data is durable; never hang interpreter exit
-        self._thread.start()
-        ready.result()
 
     def _connect(self, fresh: bool) -> sqlite3.Connection:
         """The writer connection, configured and with the schema in place (writer thread)."""
@@ -276,15 +258,15 @@ class Store:
         ups = list(marks.items())
         size = len(adds) + len(dels) + len(upds) + len(ups)
         if size:
-            await self._submit(_Request(_WRITE, (adds, dels, upds, ups), size))
+            await self._submit(Request(_WRITE, (adds, dels, upds, ups), size))
 
     async def save_queue(self, address: str, queue: str, settings: dict) -> None:
         """Create or replace a queue definition (JSON-serialisable settings), durably."""
-        await self._submit(_Request(_SAVE_QUEUE_OP, (queue, address, dumps(settings)), 1))
+        await self._submit(Request(_SAVE_QUEUE_OP, (queue, address, dumps(settings)), 1))
 
     async def delete_queue(self, queue: str) -> None:
         """Remove a queue definition and all of its stored messages, durably."""
-        await self._submit(_Request(_DELETE_QUEUE_OP, queue, 1))
+        await self._submit(Request(_DELETE_QUEUE_OP, queue, 1))
 
     @property
     def is_open(self) -> bool:
@@ -299,7 +281,7 @@ class Store:
                 await asyncio.to_thread(thread.join)
             return
         self._closed = True
-        await self._submit(_Request(_CLOSE, None, 0), closing=True)
+        await self._submit(Request(_CLOSE, None, 0), closing=True)
         if thread is not None:
             await asyncio.to_thread(thread.join)
 
@@ -307,58 +289,31 @@ class Store:
         """Bytes on disk: database file plus WAL file."""
         return sqlite_file.disk_bytes(self.path)
 
-    async def _submit(self, request: _Request, closing: bool = False) -> None:
+    async def _submit(self, request: Request, closing: bool = False) -> None:
         if self._closed and not closing:
             raise StoreError(f"{self.path}: store is closed")
         if self._thread is None or not self._thread.is_alive():
             raise StoreError(f"{self.path}: writer thread is not running")
-        loop = asyncio.get_running_loop()
-        request.loop = loop
-        request.future = loop.create_future()
-        self._requests.put(request)
-        await request.future
+        await sqlite_file.enqueue(self._requests, request)
 
     # ------------------------------------------------------------------ writer thread
 
-    def _run(self, ready: concurrent.futures.Future[None], fresh: bool) -> None:
-        try:
-            conn = self._connect(fresh)
-        except BaseException as exc:
-            ready.set_exception(exc)
-            return
-        ready.set_result(None)
+    def _serve(self, conn: sqlite3.Connection) -> None:
         while True:
-            batch, closing = self._take()
+            batch, closing = sqlite_file.take(self._requests, _CLOSE, MAX_BATCH_OPS)
             if batch:
                 try:
                     self._process(conn, batch)
                 except Exception as exc:  # a bug here must not leave callers waiting forever
                     log.exception("store writer failed", path=str(self.path))
-                    self._resolve(batch, [self._failure(exc) for _ in batch])
+                    sqlite_file.settle(batch, [self._failure(exc) for _ in batch])
             if closing is not None:
                 self._finish(conn, closing)
                 return
             if self._deleted_since_compaction >= COMPACT_AFTER_DELETES:
                 self._compact(conn, step=VACUUM_STEP_PAGES)
 
-    def _take(self) -> tuple[list[_Request], _Request | None]:
-        """Block for one request, then take whatever else is queued, up to the bound."""
-        request = self._requests.get()
-        batch: list[_Request] = []
-        size = 0
-        while True:
-            if request.kind == _CLOSE:
-                return batch, request
-            batch.append(request)
-            size += request.size
-            if size >= MAX_BATCH_OPS:
-                return batch, None
-            try:
-                request = self._requests.get_nowait()
-            except queue.Empty:
-                return batch, None
-
-    def _process(self, conn: sqlite3.Connection, batch: list[_Request]) -> None:
+    def _process(self, conn: sqlite3.Connection, batch: list[Request]) -> None:
         errors: list[BaseException | None]
         try:
             self._transaction(conn, batch)
@@ -374,7 +329,7 @@ class Store:
                         errors.append(None)
                     except Exception as exc_one:
                         errors.append(self._failure(exc_one))
-        self._resolve(batch, errors)
+        sqlite_file.settle(batch, errors)
 
     def _failure(self, exc: Exception) -> StoreError:
         log.warning("store write failed", path=str(self.path), error=str(exc))
@@ -382,7 +337,7 @@ class Store:
         error.__cause__ = exc
         return error
 
-    def _transaction(self, conn: sqlite3.Connection, batch: list[_Request]) -> None:
+    def _transaction(self, conn: sqlite3.Connection, batch: list[Request]) -> None:
         """Apply a batch in call order as one transaction; raises after rolling back."""
         max_id = self._max_id
         deleted = 0
@@ -430,9 +385,6 @@ class Store:
         self._deleted_since_compaction += deleted
         self.commits += 1
 
-    def _resolve(self, batch: list[_Request], errors: list[BaseException | None]) -> None:
-        sqlite_file.hand_back((r.loop, r.future, e) for r, e in zip(batch, errors, strict=True))
-
     def _compact(self, conn: sqlite3.Connection, step: int | None) -> None:
         """Give free pages back to the OS while idle, then truncate the WAL.
 
@@ -463,7 +415,7 @@ class Store:
         self._deleted_since_compaction = 0
         self.compactions += 1
 
-    def _finish(self, conn: sqlite3.Connection, request: _Request) -> None:
+    def _finish(self, conn: sqlite3.Connection, request: Request) -> None:
         error: BaseException | None = None
         try:
             if self._deleted_since_compaction:
@@ -476,4 +428,4 @@ class Store:
                 conn.close()
             except sqlite3.Error as exc:
                 error = StoreError(f"{self.path}: close failed: {exc}")
-        self._resolve([request], [error])
+        sqlite_file.settle([request], [error])

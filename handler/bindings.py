@@ -1,8 +1,9 @@
 """Durable group bindings of the LOCAL grouping handler: `<data-dir>/bindings.db`.
 
-The same recipe as the message store (`broker/store.py`), in a file of its own so bindings can
-be inspected, copied to a backup or wiped without touching messages: SQLite in WAL mode with
-`synchronous=FULL`, one writer thread, group commit. `put` and `delete` enqueue their rows at
+The same recipe as the message store (`broker/store.py`), with the writer thread both take
+from `broker/sqlite_file.py`, in a file of its own so bindings can be inspected, copied to a
+backup or wiped without touching messages: SQLite in WAL mode with `synchronous=FULL`, one
+writer thread, group commit. `put` and `delete` enqueue their rows at
 call time and return a future that resolves once the transaction holding them is committed and
 fsynced; so the order of calls is the order of commits, even for a delete that nobody awaits
 followed by a put of the same key. Within a batch operations on one key fold to the last one.
@@ -14,18 +15,17 @@ path) and left untouched: starting empty over lost bindings could pin a group tw
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import queue
 import sqlite3
 import threading
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import structlog
 
 from broker import sqlite_file
+from broker.sqlite_file import Request, Requests
 from handler.arbiter import Binding, Key
 
 log = structlog.get_logger(__name__)
@@ -51,23 +51,13 @@ class BindingStoreError(Exception):
     """The bindings file cannot be used or written; the message names the path and why."""
 
 
-class _Request:
-    __slots__ = ("future", "kind", "loop", "rows")
-
-    def __init__(self, kind: int, rows: list[Any]) -> None:
-        self.kind = kind
-        self.rows = rows
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.future: asyncio.Future[None] | None = None
-
-
 class BindingStore:
     """Bindings in one SQLite file; build with `BindingStore.open(path)`."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.commits = 0
-        self._requests: queue.SimpleQueue[_Request] = queue.SimpleQueue()
+        self._requests: Requests = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -83,12 +73,9 @@ class BindingStore:
             error=BindingStoreError,
         )
         store = cls(path)
-        ready: concurrent.futures.Future[None] = concurrent.futures.Future()
-        store._thread = threading.Thread(
-            target=store._run, args=(ready, fresh), name=f"bindings-writer:{path}", daemon=True
+        store._thread = sqlite_file.start_writer(
+            f"bindings-writer:{path}", lambda: store._connect(fresh), store._serve
         )
-        store._thread.start()
-        ready.result()
         return store
 
     def load(self) -> list[Binding]:
@@ -108,11 +95,12 @@ class BindingStore:
     def put(self, bindings: Iterable[Binding]) -> asyncio.Future[None]:
         """Store (or replace) bindings; enqueued now, the future resolves once durable."""
         rows = [(b.group, b.queue, b.node, b.epoch) for b in bindings]
-        return self._submit(_Request(_PUT_OP, rows))
+        return self._submit(Request(_PUT_OP, rows, len(rows)))
 
     def delete(self, keys: Iterable[Key]) -> asyncio.Future[None]:
         """Remove bindings by (group, queue); enqueued now, the future resolves once durable."""
-        return self._submit(_Request(_DELETE_OP, list(keys)))
+        rows = list(keys)
+        return self._submit(Request(_DELETE_OP, rows, len(rows)))
 
     async def close(self) -> None:
         """Finish queued writes, checkpoint the WAL into the file, close it."""
@@ -123,34 +111,24 @@ class BindingStore:
         if thread is None or not thread.is_alive():
             return
         with contextlib.suppress(BindingStoreError):
-            await self._submit(_Request(_CLOSE_OP, []), closing=True)
+            await self._submit(Request(_CLOSE_OP, None, 0), closing=True)
         await asyncio.to_thread(thread.join)
 
-    def _submit(self, request: _Request, closing: bool = False) -> asyncio.Future[None]:
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        future.add_done_callback(_retrieve)
+    def _submit(self, request: Request, closing: bool = False) -> asyncio.Future[None]:
         if self._closed and not closing:
-            future.set_exception(BindingStoreError(f"{self.path}: bindings store is closed"))
+            future = _failed(BindingStoreError(f"{self.path}: bindings store is closed"))
         elif self._thread is None or not self._thread.is_alive():
-            future.set_exception(BindingStoreError(f"{self.path}: writer is not running"))
+            future = _failed(BindingStoreError(f"{self.path}: writer is not running"))
         else:
-            request.loop = loop
-            request.future = future
-            self._requests.put(request)
+            future = sqlite_file.enqueue(self._requests, request)
+        future.add_done_callback(_retrieve)
         return future
 
     # ---- writer thread ------------------------------------------------------------------
 
-    def _run(self, ready: concurrent.futures.Future[None], fresh: bool) -> None:
-        try:
-            conn = self._connect(fresh)
-        except BaseException as exc:
-            ready.set_exception(exc)
-            return
-        ready.set_result(None)
+    def _serve(self, conn: sqlite3.Connection) -> None:
         while True:
-            batch, closing = self._take()
+            batch, closing = sqlite_file.take(self._requests, _CLOSE_OP, MAX_BATCH_OPS)
             if batch:
                 error: BaseException | None = None
                 try:
@@ -159,7 +137,7 @@ class BindingStore:
                     log.warning("bindings write failed", path=str(self.path), error=str(exc))
                     error = BindingStoreError(f"{self.path}: write failed: {exc}")
                     error.__cause__ = exc
-                _resolve(batch, error)
+                sqlite_file.settle(batch, [error] * len(batch))
             if closing is not None:
                 error = None
                 try:
@@ -168,34 +146,17 @@ class BindingStore:
                     conn.close()
                 except sqlite3.Error as exc:
                     error = BindingStoreError(f"{self.path}: close failed: {exc}")
-                _resolve([closing], error)
+                sqlite_file.settle([closing], [error])
                 return
 
-    def _take(self) -> tuple[list[_Request], _Request | None]:
-        """Block for one request, then take whatever else is queued, up to the bound."""
-        request = self._requests.get()
-        batch: list[_Request] = []
-        size = 0
-        while True:
-            if request.kind == _CLOSE_OP:
-                return batch, request
-            batch.append(request)
-            size += len(request.rows)
-            if size >= MAX_BATCH_OPS:
-                return batch, None
-            try:
-                request = self._requests.get_nowait()
-            except queue.Empty:
-                return batch, None
-
-    def _transaction(self, conn: sqlite3.Connection, batch: list[_Request]) -> None:
+    def _transaction(self, conn: sqlite3.Connection, batch: list[Request]) -> None:
         net: dict[Key, tuple[str, str, str, int] | None] = {}  # row: put, None: delete
         for request in batch:
             if request.kind == _PUT_OP:
-                for row in request.rows:
+                for row in request.payload:
                     net[(row[0], row[1])] = row
             else:
-                for key in request.rows:
+                for key in request.payload:
                     net[key] = None
         puts = [row for row in net.values() if row is not None]
         dels = [key for key, row in net.items() if row is None]
@@ -234,5 +195,7 @@ def _retrieve(future: asyncio.Future[None]) -> None:
         future.exception()
 
 
-def _resolve(batch: list[_Request], error: BaseException | None) -> None:
-    sqlite_file.hand_back((r.loop, r.future, error) for r in batch)
+def _failed(error: BaseException) -> asyncio.Future[None]:
+    future = asyncio.get_running_loop().create_future()
+    future.set_exception(error)
+    return future
