@@ -42,8 +42,11 @@ class ClusterAdmin(Protocol):
 
     def problems(self) -> list[str]: ...
 
-    async def reset_group(self, group: str, queue: str | None) -> int:
-        """Unbind a group cluster-wide; raises CoreError (with its gRPC code) if refused."""
+    async def reset_group(self, group: str, queue: str | None, force: bool = False) -> int:
+        """Unbind a group cluster-wide; raises CoreError (with its gRPC code) if refused.
+
+        A group bound to a node that is not connected is refused unless `force`.
+        """
         ...
 
     def status(self) -> Sequence[NodeStatusView]: ...

@@ -209,16 +209,44 @@ class ClusterAdministration:
     def problems(self) -> list[str]:
         return self.cluster.problems()
 
-    async def reset_group(self, group: str, queue: str | None) -> int:
-        """Unbind a group at the LOCAL handler; CoreError (with a gRPC code) when it cannot."""
+    async def reset_group(self, group: str, queue: str | None, force: bool = False) -> int:
+        """Unbind a group at the LOCAL handler; CoreError (with a gRPC code) when it cannot.
+
+        Refused, unless `force`, while the group is bound to a node that is not connected:
+        messages of the group wait there and in store-and-forward toward it, and would reach
+        a consumer after (and possibly alongside) the group's newer ones at its next binding.
+        """
         if self.handler is None:
             raise AdminRefused("failed_precondition", "this node has no grouping handler")
         if not group:
             raise AdminRefused("invalid_argument", "group must not be empty")
         try:
+            if not force:
+                away = await self._bound_away(self.handler, group, queue)
+                if away:
+                    raise AdminRefused(
+                        "failed_precondition",
+                        f"group {group} is bound to {', '.join(away)}, which is not connected: "
+                        "its messages wait for that node; force moves the group anyway, and "
+                        "the messages waiting for it are then delivered when it returns, after "
+                        "and possibly alongside the group's newer messages",
+                    )
             return await self.handler.unbind(group, queue)
         except HandlerUnavailable as err:
             raise AdminRefused("unavailable", str(err)) from None
+
+    async def _bound_away(
+        self, handler: GroupingHandler, group: str, queue: str | None
+    ) -> list[str]:
+        """The instances (queue@node) the group is bound to on nodes not connected now."""
+        topology = self.cluster.topology
+        return sorted(
+            f"{use.binding.queue}@{use.binding.node}"
+            for use in await handler.list_bindings(group, limit=0)
+            if (queue is None or use.binding.queue == queue)
+            and use.binding.node != self.node_id
+            and not topology.is_connected(use.binding.node)
+        )
 
     def status(self) -> list[NodeStatus]:
         return [

@@ -5,7 +5,8 @@ One arbiter runs on the LOCAL grouping-handler node. It accepts the first propos
 routes a group to one instance. A binding leaves only through `unbind` (operator), `reap`
 (unused for longer than group-timeout), `drop_instance` (its queue instance was deleted) or
 `expire_absent` (its instance has been missing from the topology for longer than the absent
-timeout, e.g. after a LOCAL restart, or because its node never came back); after that the key
+timeout, when one is set; -1, the default of a node, keeps it for as long as its node is away,
+so a group never moves behind the back of messages waiting for that node); after that the key
 may be proposed again.
 
 No I/O and no clock: every call that depends on time gets `now_ns`. Time seen by the arbiter
@@ -59,17 +60,17 @@ class Arbiter:
     """Bindings with their last use, the instances they point at, and which of those are absent.
 
     `group_timeout_ms` of -1 means bindings are never reaped. `absent_timeout_ms` is how long
-    an instance may be missing before the bindings to it are dropped.
+    an instance may be missing before the bindings to it are dropped; -1 means never.
     """
 
     def __init__(self, epoch: int, group_timeout_ms: int, absent_timeout_ms: int) -> None:
-        if group_timeout_ms < -1 or absent_timeout_ms < 0:
-            raise ValueError("group_timeout_ms must be >= -1 and absent_timeout_ms >= 0")
+        if group_timeout_ms < -1 or absent_timeout_ms < -1:
+            raise ValueError("group_timeout_ms and absent_timeout_ms must be >= -1")
         self.epoch = epoch
         self.group_timeout_ms = group_timeout_ms
         self.absent_timeout_ms = absent_timeout_ms
         self._group_timeout_ns = group_timeout_ms * _MS if group_timeout_ms >= 0 else -1
-        self._absent_timeout_ns = absent_timeout_ms * _MS
+        self._absent_timeout_ns = absent_timeout_ms * _MS if absent_timeout_ms >= 0 else -1
         self._clock = 0
         # Insertion order is last-use order (a touch moves the entry to the end) when reaping.
         self._entries: dict[Key, _Entry] = {}
@@ -177,6 +178,8 @@ class Arbiter:
         """
         now = self._now(now_ns)
         limit = self._absent_timeout_ns
+        if limit < 0:
+            return []
         removed: list[Binding] = []
         for instance, since in self._absent.items():
             if now - since > limit and instance in self._by_instance:
@@ -185,6 +188,8 @@ class Arbiter:
 
     def next_absent_expiry(self) -> int | None:
         """When `expire_absent` next has something to drop (ns), or None: lets a shell sleep."""
+        if self._absent_timeout_ns < 0:
+            return None
         deadlines = [
             since + self._absent_timeout_ns
             for instance, since in self._absent.items()

@@ -10,9 +10,10 @@ Removals (reaped, unbound, instance deleted, instance absent) are deleted from d
 waiting (if a crash loses the delete, the binding comes back and is removed again later),
 pushed to every `Removals` stream and to the `on_removed` callbacks.
 
-After a restart every restored binding's instance counts as absent until the topology reports
-it (`instance_seen`); bindings to instances that do not show up within `timeout` are dropped
-by the reaper task, while decisions go on answering with the restored bindings meanwhile.
+A binding stays while its instance is absent (its node down, or not yet heard of after a
+restart): the group's messages wait for that node, in order, and never move behind its back.
+Only with an absent timeout (`absent_timeout_ms`, -1 = never, the default) does the reaper task
+drop bindings to instances missing for longer than that.
 """
 
 from __future__ import annotations
@@ -94,12 +95,13 @@ class LocalHandler(GroupingHandler):
         *,
         epoch: int = 1,
         clock: Callable[[], int] = time.time_ns,
+        absent_timeout_ms: int = -1,
     ) -> None:
         super().__init__()
         self.config = config
         self.node_id = node_id
         self.path = Path(data_dir) / FILE_NAME
-        self.arbiter = Arbiter(epoch, config.group_timeout, config.timeout)
+        self.arbiter = Arbiter(epoch, config.group_timeout, absent_timeout_ms)
         self._clock = clock  # wall clock: last uses are listed as unix times
         self._store: BindingStore | None = None
         self._pending: dict[Key, asyncio.Future[None]] = {}  # key -> write of its new binding

@@ -112,6 +112,12 @@ def _parser() -> argparse.ArgumentParser:
     reset.add_argument(
         "--cluster", action="store_true", help="unbind --group G everywhere (every node unpins it)"
     )
+    reset.add_argument(
+        "--force",
+        action="store_true",
+        help="with --cluster: move G even while it is bound to a node that is down "
+        "(refused otherwise; prints what it costs, then acts)",
+    )
 
     check = verbs.add_parser(
         "check", help="check audit logs for loss, duplicates, order and exclusivity (PySpark)"
@@ -312,11 +318,31 @@ async def _cluster_groups(client: Client, args: argparse.Namespace) -> None:
         console.print(f"not answering: {who}", style="yellow", markup=False)
 
 
+async def _warn_forced_move(client: Client, group: str, queue: str | None) -> None:
+    """Say what moving a group off a node that is away costs, before doing it."""
+    listing = await client.cluster_groups(queue, group=group)
+    away = {who.split(":", 1)[0] for who in listing.unreachable}
+    for g in listing.groups:
+        if g.bound and g.node in away:
+            print(
+                f"warning: {group} is bound to {g.queue}@{g.node}, which is not connected. Its "
+                f"messages held on {g.node}, and in store-and-forward toward it, stay there and "
+                f"are delivered when {g.node} returns: after the group's newer messages, and "
+                "possibly while another consumer holds the group. Order and one consumer per "
+                "group are not kept across this move.",
+                file=sys.stderr,
+            )
+
+
 async def _reset_groups(client: Client, args: argparse.Namespace) -> None:
+    if args.force and not args.cluster:
+        raise UsageError("reset-groups: --force goes with --cluster")
     if args.cluster:
         if args.group is None:
             raise UsageError("reset-groups --cluster: --group G is required")
-        removed = await client.cluster_reset_group(args.group, args.queue)
+        if args.force:
+            await _warn_forced_move(client, args.group, args.queue)
+        removed = await client.cluster_reset_group(args.group, args.queue, force=args.force)
         where = f" on {args.queue}" if args.queue else ""
         print(f"unbound group {args.group}{where} cluster-wide ({removed} binding(s) removed)")
         return

@@ -438,7 +438,7 @@ class AdminService(pb_grpc.AdminServicer):
         admin = await self._clustered(context)
         queue = request.queue if request.HasField("queue") else None
         try:
-            removed = await admin.reset_group(request.group, queue)
+            removed = await admin.reset_group(request.group, queue, request.force)
         except CoreError as err:
             await _abort(context, err)
         return pb.ClusterResetGroupResponse(removed=removed)

@@ -309,12 +309,14 @@ class ClusterGroupsResponse(_message.Message):
     def __init__(self, groups: _Optional[_Iterable[_Union[ClusterGroupInfo, _Mapping]]] = ..., unreachable: _Optional[_Iterable[str]] = ..., problems: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ClusterResetGroupRequest(_message.Message):
-    __slots__ = ("group", "queue")
+    __slots__ = ("group", "queue", "force")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
     group: str
     queue: str
-    def __init__(self, group: _Optional[str] = ..., queue: _Optional[str] = ...) -> None: ...
+    force: bool
+    def __init__(self, group: _Optional[str] = ..., queue: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
 
 class ClusterResetGroupResponse(_message.Message):
     __slots__ = ("removed",)

@@ -89,6 +89,15 @@ def test_drop_instance_removes_its_bindings_only() -> None:
     assert sorted(b.group for b, _ in a.bindings()) == ["g3", "g4"]
 
 
+def test_with_no_absent_timeout_an_absent_instance_keeps_its_bindings() -> None:
+    a = Arbiter(epoch=1, group_timeout_ms=-1, absent_timeout_ms=-1)
+    a.propose("g1", "q", "n1", 0)
+    a.instance_seen("q", "n1", present=False, now_ns=0)
+    assert a.next_absent_expiry() is None
+    assert a.expire_absent(10**15) == []
+    assert a.lookup("g1", "q") == Binding("g1", "q", "n1", 1)
+
+
 def test_absent_instance_loses_its_bindings_after_the_absent_timeout() -> None:
     a = Arbiter(epoch=1, group_timeout_ms=-1, absent_timeout_ms=50)
     a.propose("g1", "q", "n1", 0)
@@ -143,6 +152,8 @@ def test_bindings_are_small() -> None:
 def test_bad_timeouts_are_refused() -> None:
     with pytest.raises(ValueError):
         Arbiter(epoch=1, group_timeout_ms=-2, absent_timeout_ms=0)
+    with pytest.raises(ValueError):
+        Arbiter(epoch=1, group_timeout_ms=0, absent_timeout_ms=-2)
 
 
 # ---- stateful --------------------------------------------------------------------------------
@@ -160,7 +171,7 @@ class ArbiterMachine(RuleBasedStateMachine):
 
     @initialize(
         group_timeout=st.sampled_from([-1, 0, 5, 20]),
-        absent_timeout=st.sampled_from([0, 10, 30]),
+        absent_timeout=st.sampled_from([-1, 0, 10, 30]),
         epoch=st.integers(1, 3),
     )
     def setup(self, group_timeout: int, absent_timeout: int, epoch: int) -> None:
@@ -243,7 +254,11 @@ class ArbiterMachine(RuleBasedStateMachine):
     def expire_absent(self) -> None:
         now = self._t()
         removed = self.arbiter.expire_absent(now)
-        gone = {i for i, since in self.absent.items() if self.clock - since > self.absent_timeout}
+        gone = {
+            i
+            for i, since in self.absent.items()
+            if self.absent_timeout >= 0 and self.clock - since > self.absent_timeout
+        }
         self._removed(removed, {k for k, b in self.answer.items() if b.instance in gone})
 
     @rule()

@@ -116,7 +116,28 @@ async def test_reaper_removes_idle_bindings_and_tells_subscribers(tmp_path: Path
             call.cancel()
 
 
-async def test_after_a_restart_bindings_to_instances_that_do_not_return_are_dropped(
+async def test_by_default_bindings_to_absent_instances_stay_for_as_long_as_they_are_away(
+    tmp_path: Path,
+) -> None:
+    first = LocalHandler(section(timeout=100), "n1", tmp_path)
+    await first.start()
+    waiting = await first.decide("g1", "orders", "n2")
+    await first.stop()
+
+    handler = LocalHandler(section(timeout=100, reaper_period=50), "n1", tmp_path)
+    removed: list[tuple[Binding, RemovalReason]] = []
+    handler.on_removed(lambda b, r: removed.append((b, r)))
+    await handler.start()
+    try:
+        handler.report_instances({("orders", "n1"): True, ("orders", "n2"): False})
+        await asyncio.sleep(0.5)  # 5x the handler timeout, 10 reaper runs
+        assert removed == []
+        assert await handler.decide("g1", "orders", "n1") == waiting
+    finally:
+        await handler.stop()
+
+
+async def test_with_an_absent_timeout_bindings_to_instances_that_do_not_return_are_dropped(
     tmp_path: Path,
 ) -> None:
     first = LocalHandler(section(timeout=300), "n1", tmp_path)
@@ -125,7 +146,9 @@ async def test_after_a_restart_bindings_to_instances_that_do_not_return_are_drop
     lost = await first.decide("g2", "orders", "n2")
     await first.stop()
 
-    handler = LocalHandler(section(timeout=300, reaper_period=60_000), "n1", tmp_path)
+    handler = LocalHandler(
+        section(timeout=300, reaper_period=60_000), "n1", tmp_path, absent_timeout_ms=300
+    )
     removed: list[tuple[Binding, RemovalReason]] = []
     handler.on_removed(lambda b, r: removed.append((b, r)))
     await handler.start()
@@ -165,7 +188,9 @@ async def test_topology_snapshots_mark_instances_present_absent_or_deleted(
     restored = await first.decide("g0", "orders", "n9")  # its node is not heard of below
     await first.stop()
 
-    handler = LocalHandler(section(timeout=200, reaper_period=60_000), "n1", tmp_path)
+    handler = LocalHandler(
+        section(timeout=200, reaper_period=60_000), "n1", tmp_path, absent_timeout_ms=200
+    )
     removed: list[tuple[Binding, RemovalReason]] = []
     handler.on_removed(lambda b, r: removed.append((b, r)))
     await handler.start()

@@ -199,12 +199,16 @@ class Client:
             problems=list(reply.problems),
         )
 
-    async def cluster_reset_group(self, group: str, queue: str | None = None) -> int:
+    async def cluster_reset_group(
+        self, group: str, queue: str | None = None, *, force: bool = False
+    ) -> int:
         """Unbind a group cluster-wide (on one queue, or every queue); every node unpins it.
 
-        Returns how many bindings were removed.
+        Returns how many bindings were removed. A group bound to a node that is not connected
+        is refused (`FAILED_PRECONDITION`) unless `force`: its messages wait for that node,
+        and after a forced move they reach a consumer when it returns, out of order.
         """
-        request = pb.ClusterResetGroupRequest(group=group, queue=queue)
+        request = pb.ClusterResetGroupRequest(group=group, queue=queue, force=force)
         reply = await self._call(self._admin.ClusterResetGroup(request))
         return reply.removed
 

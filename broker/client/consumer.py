@@ -259,8 +259,8 @@ class Consumer:
                 if self._closing and not self._outbox:
                     await call.done_writing()
                     return
-        except grpc.RpcError:
-            pass  # the read loop reports the stream's status
+        except (grpc.RpcError, asyncio.InvalidStateError):
+            pass  # the stream ended (InvalidStateError: before this write); the read loop says why
 
     def _audit(self, kind: str, m: Received, **extra: Any) -> None:
         audit = self._client.audit

@@ -11,7 +11,7 @@ import grpc
 
 from broker.audit import MID_HEADER
 from broker.client.base import BATCH_BYTES, Body, Item, Link
-from broker.client.errors import PinmqError, error_for, from_rpc
+from broker.client.errors import PinmqError, Unavailable, error_for, from_rpc
 from broker.message import GROUP_SEQ_HEADER
 from pinmq_pb import client_pb2 as pb
 
@@ -138,6 +138,10 @@ class Producer:
             await reader
             if not failure:
                 failure.append(from_rpc(err, self._client.target))
+        except asyncio.InvalidStateError:  # the stream ended before this write: the reader says why
+            await reader
+            if not failure:
+                failure.append(Unavailable(f"the send stream to {self._client.target} ended"))
         finally:
             if not reader.done():
                 reader.cancel()
