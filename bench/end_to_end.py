@@ -13,10 +13,12 @@ Per scenario it prints end-to-end msg/s (first send to the server's receipt for 
 N-th message), producer msg/s (first send to last send confirmed), p50/p99 send-to-delivery
 latency, delivery rates while and after producing, the CPU used by the client processes, the
 node (per thread kind) and the rest of the machine, and PASS/FAIL for exactly-once delivery,
-per-group order and one consumer per group. `--audit` runs the node with its audit log on.
+per-group order and one consumer per group. `--audit` runs the node with its audit log on;
+`--persist-delivery-count` sets when delivery counts are stored before delivery.
 
 Usage: python bench/end_to_end.py [--quick | --messages N] [--layout shared|split] [--repeat R]
        [--groups G ...] [--modes persistent non-persistent] [--audit]
+       [--persist-delivery-count none|grouped|all]
 """
 
 from __future__ import annotations
@@ -66,14 +68,18 @@ async def measure(args: argparse.Namespace) -> tuple[bool, Best]:
     print(
         f"pinmq end-to-end: {n:,} messages/scenario, {BODY_BYTES} B bodies, {CONSUMERS} consumers "
         f"(prefetch {args.prefetch}, ack_many), send_many batch {args.batch} x window "
-        f"{args.window}; layout {args.layout}: {layout}; audit log {'on' if args.audit else 'off'}"
+        f"{args.window}; layout {args.layout}: {layout}; audit log "
+        f"{'on' if args.audit else 'off'}; persist-delivery-count-before-delivery "
+        f"{args.persist_delivery_count}"
     )
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start")
     best: Best = {}
     ok = True
     with tempfile.TemporaryDirectory(prefix="pinmq-e2e-") as tmp:
         work = Path(tmp)
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = {
+            "persist-delivery-count-before-delivery": args.persist_delivery_count
+        }
         if args.audit:
             extra["audit"] = {"enabled": True, "dir": str(work / "audit")}
         with running_node(work, extra) as node:
@@ -145,6 +151,12 @@ def parser() -> argparse.ArgumentParser:
         default=["persistent", "non-persistent"],
     )
     parser.add_argument("--audit", action="store_true", help="the node writes its audit log")
+    parser.add_argument(
+        "--persist-delivery-count",
+        choices=("none", "grouped", "all"),
+        default="grouped",
+        help="the node's persist-delivery-count-before-delivery (default: %(default)s)",
+    )
     add_load_args(parser)
     return parser
 

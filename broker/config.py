@@ -265,6 +265,11 @@ class NodeConfig(Strict):
     grouping_handler: GroupingHandlerSection | None = None
     log: LogSection = Field(default_factory=LogSection)
     audit: AuditSection = Field(default_factory=AuditSection)
+    # Store a message's delivery count before it goes out (Artemis's setting of that name,
+    # with a choice of messages): after a crash, a message that was out but not acked comes
+    # back marked redelivered. `grouped`: persistent messages of a group on a queue that groups
+    # (not the store-and-forward queues); `all`; `none`.
+    persist_delivery_count_before_delivery: Literal["none", "grouped", "all"] = "grouped"
 
     @field_validator("addresses")
     @classmethod

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -24,7 +24,7 @@ from broker import logs
 from broker.audit import node_audit
 from broker.clock import now_ns
 from broker.config import NodeConfig, QueueConfig
-from broker.core import BrokerCore
+from broker.core import BrokerCore, CoreError
 from broker.effects import Delivery, Effects
 from broker.message import Message
 from broker.store import Store, StoreError
@@ -60,6 +60,8 @@ class ConsumerStream:
     ended: asyncio.Future[tuple[str, str]] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
+    owed: int = 0  # receipts for settles already applied, not yet in `outbound`
+    writing: bool = False  # the transport took items from `outbound` and is sending them
 
     def end(self, code: str, reason: str) -> None:
         if not self.ended.done():
@@ -190,19 +192,30 @@ class Engine:
         added = [m for m in fx.added if m.persistent]
         removed = [m for m in fx.removed if m.persistent]
         updated = [m for m in fx.updated if m.persistent]
+        counted = self._counted(fx.deliveries)
         write = None
-        if added or removed or updated or marks:
+        if added or removed or updated or marks or counted:
             write = self._watch(
-                self.store.write(added=added, removed=removed, updated=updated, marks=marks or {})
+                self.store.write(
+                    added=added,
+                    removed=removed,
+                    updated=updated,
+                    marks=marks or {},
+                    delivered=counted,
+                )
             )
             if added:
                 self._track(added, write)
         if not fx.deliveries and receipt is None:
             return write
-        # A delivery waits only for the write that adds its own message (from any earlier send).
+        # A delivery waits for the write that adds its own message (from any earlier send), and
+        # for the one that counts it, if any.
         unwritten = self._unwritten
         waits = {unwritten.get(d.message.msg_id) for d in fx.deliveries} if unwritten else set()
         if receipt is not None:
+            receipt[0].owed += 1
+            waits.add(write)
+        if counted:
             waits.add(write)
         gates = [f for f in waits if f is not None and not f.done()]
         if not gates and not self._backlog:
@@ -211,6 +224,32 @@ class Engine:
             self._backlog.append(_Step(gates, fx.deliveries, receipt))
             self._backlog_ready.set()
         return write
+
+    def _counted(self, deliveries: Sequence[Delivery]) -> list[Message]:
+        """The delivered messages whose count is stored before they go out
+        (`persist-delivery-count-before-delivery`)."""
+        which = self.config.persist_delivery_count_before_delivery
+        if which == "none" or not deliveries:
+            return []
+        if which == "all":
+            return [d.message for d in deliveries if d.message.persistent]
+        grouping: dict[str, bool] = {}  # queue -> it groups (store-and-forward queues do not)
+        counted = []
+        for d in deliveries:
+            m = d.message
+            if not m.persistent or m.group is None:
+                continue
+            if m.queue not in grouping:
+                grouping[m.queue] = self._groups(m.queue)
+            if grouping[m.queue]:
+                counted.append(m)
+        return counted
+
+    def _groups(self, queue: str) -> bool:
+        try:
+            return self.core.queue(queue).settings.group_buckets != 0
+        except CoreError:
+            return False
 
     def _track(self, added: list[Message], write: asyncio.Future[None]) -> None:
         """Remember which write makes each added message durable, until it has."""
@@ -252,8 +291,10 @@ class Engine:
                     if (stream := streams.get(consumer_id)) is not None:
                         stream.outbound.put_nowait(batch)
         # A consumer that is gone had its deliveries returned to the queue by close_consumer.
-        if receipt is not None and receipt[0].consumer_id in streams:
-            receipt[0].outbound.put_nowait(receipt[1])
+        if receipt is not None:
+            receipt[0].owed -= 1
+            if receipt[0].consumer_id in streams:
+                receipt[0].outbound.put_nowait(receipt[1])
 
     async def _backlog_loop(self) -> None:
         backlog = self._backlog

@@ -242,8 +242,12 @@ class Store:
         removed: Sequence[Message] = (),
         updated: Sequence[Message] = (),
         marks: Mapping[str, int] = _NO_MARKS,
+        delivered: Sequence[Message] = (),
     ) -> None:
         """Store, remove and update (delivery count of) persistent messages, durably.
+
+        `delivered` messages are about to be delivered once more: their count is stored as
+        one more than now, so a crash before their ack shows the next delivery as a redelivery.
 
         Within one call adds apply first, then updates, then removals; calls apply in call
         order. Non-persistent messages are ignored; with nothing persistent this returns at
@@ -255,6 +259,7 @@ class Store:
         adds = rows(added)
         dels = [(m.msg_id, m.queue) for m in removed if m.persistent]
         upds = [(m.delivery_count, m.msg_id, m.queue) for m in updated if m.persistent]
+        upds += [(m.delivery_count + 1, m.msg_id, m.queue) for m in delivered if m.persistent]
         ups = list(marks.items())
         size = len(adds) + len(dels) + len(upds) + len(ups)
         if size:

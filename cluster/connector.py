@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import grpc
 from grpc import aio
 
-from broker import logs
+from broker import channels, logs
 from broker.config import ClusterSection
 from cluster.topology import HandlerType, NodeState
 from pinmq_pb import cluster_pb2 as pb
@@ -23,25 +23,18 @@ from pinmq_pb import cluster_pb2_grpc as pb_grpc
 
 log = logs.get("cluster")
 
-# Keepalive pings find a peer that vanished without closing its sockets (a cable, not a crash).
-KEEPALIVE_MS = 2000
+# Keepalive pings find a peer that stopped answering without closing its sockets (frozen,
+# hung, cut off): its link fails within two keepalive intervals (broker/channels.py).
 CHANNEL_OPTIONS = [
     # Own subchannels: a failed dial by another channel (gRPC shares them process-wide by
     # default) must not hold this one in backoff; the callers retry every reconnect-interval.
     ("grpc.use_local_subchannel_pool", 1),
-    ("grpc.keepalive_time_ms", KEEPALIVE_MS),
-    ("grpc.keepalive_timeout_ms", KEEPALIVE_MS),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
+    *channels.keepalive(),
     ("grpc.max_receive_message_length", -1),
     ("grpc.max_send_message_length", -1),
 ]
 SERVER_OPTIONS = [
-    ("grpc.keepalive_time_ms", KEEPALIVE_MS),
-    ("grpc.keepalive_timeout_ms", KEEPALIVE_MS),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_MS // 2),
-    ("grpc.http2.max_ping_strikes", 0),
+    *channels.serve_keepalive(),
     ("grpc.max_receive_message_length", -1),
     ("grpc.so_reuseport", 0),  # a second node on the same port must fail, not share it
 ]
@@ -236,6 +229,14 @@ async def run_connector(cluster: GossipHost, address: str) -> None:
         if link.peer is not None:
             logged = None  # it was up: its next failure is news again
         if reason != logged and not cluster.stopping:
-            log.info("cluster connector down", connector=address, peer=link.peer, reason=reason)
+            if "ping timeout" in reason:  # open sockets, no answer: frozen, hung or cut off
+                log.warning(
+                    "cluster peer not answering",
+                    connector=address,
+                    peer=link.peer,
+                    reason=f"{reason} (no answer to a keepalive ping)",
+                )
+            else:
+                log.info("cluster connector down", connector=address, peer=link.peer, reason=reason)
             logged = reason
         await asyncio.sleep(interval)

@@ -25,6 +25,7 @@ import grpc
 import structlog
 from grpc import aio
 
+from broker import channels
 from broker.config import GroupingHandlerSection
 from handler.api import (
     LIST_LIMIT,
@@ -258,9 +259,8 @@ class RemoteHandler(GroupingHandler):
             self._channel = aio.insecure_channel(
                 target,
                 options=[
-                    ("grpc.min_reconnect_backoff_ms", 100),
-                    ("grpc.initial_reconnect_backoff_ms", 100),
-                    ("grpc.max_reconnect_backoff_ms", max(100, int(self._reconnect_s * 1000))),
+                    *channels.keepalive(),
+                    *channels.reconnect(max(100, int(self._reconnect_s * 1000))),
                 ],
             )
             self._stub_ = pb_grpc.GroupingHandlerStub(self._channel)

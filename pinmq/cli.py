@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from broker.client import DEFAULT_URL, Client, PinmqError, Received
+from broker.client import CALL_TIMEOUT_S, DEFAULT_URL, Client, PinmqError, Received
 
 Printer = Callable[[str], None]
 
@@ -55,7 +55,20 @@ def _parser() -> argparse.ArgumentParser:
         help="host:port[,host:port...] (default: $PINMQ_URL or %(default)s)",
     )
 
-    send = verbs.add_parser("send", parents=[client], help="send messages to an address")
+    # consume and wait have a --timeout of their own (how long to wait); their calls keep the
+    # default deadline.
+    deadline = argparse.ArgumentParser(add_help=False)
+    deadline.add_argument(
+        "--timeout",
+        dest="call_timeout",
+        type=_positive_float,
+        default=CALL_TIMEOUT_S,
+        metavar="S",
+        help="give up on the node's answer after S seconds: the outcome is then unknown "
+        "(default: %(default)s)",
+    )
+
+    send = verbs.add_parser("send", parents=[client, deadline], help="send messages to an address")
     send.add_argument("address")
     grouping = send.add_mutually_exclusive_group()
     grouping.add_argument("--group", metavar="G", help="put every message in group G")
@@ -100,13 +113,17 @@ def _parser() -> argparse.ArgumentParser:
         help="give up after S seconds (exit 1; default: %(default)s)",
     )
 
-    verbs.add_parser("queues", parents=[client], help="list queues")
-    groups = verbs.add_parser("groups", parents=[client], help="list the groups of a queue")
+    verbs.add_parser("queues", parents=[client, deadline], help="list queues")
+    groups = verbs.add_parser(
+        "groups", parents=[client, deadline], help="list the groups of a queue"
+    )
     groups.add_argument("queue", nargs="?", help="required without --cluster")
     groups.add_argument(
         "--cluster", action="store_true", help="every node's groups and bindings, in one call"
     )
-    reset = verbs.add_parser("reset-groups", parents=[client], help="unpin groups of a queue")
+    reset = verbs.add_parser(
+        "reset-groups", parents=[client, deadline], help="unpin groups of a queue"
+    )
     reset.add_argument("queue", nargs="?", help="required without --cluster")
     reset.add_argument("--group", metavar="G", help="only this group (default: all)")
     reset.add_argument(
@@ -128,6 +145,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--report", metavar="DIR", help="write summary.json and an HTML report")
     return parser
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
 
 
 def _positive(text: str) -> int:
@@ -364,7 +388,8 @@ _VERBS = {
 
 
 async def _run_client(args: argparse.Namespace) -> None:
-    async with Client(args.url, audit=getattr(args, "audit", None)) as client:
+    timeout = getattr(args, "call_timeout", CALL_TIMEOUT_S)
+    async with Client(args.url, audit=getattr(args, "audit", None), call_timeout=timeout) as client:
         await _VERBS[args.verb](client, args)
 
 

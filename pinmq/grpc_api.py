@@ -18,6 +18,7 @@ from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from pydantic import ValidationError
 
+from broker import channels
 from broker.admin import ClusterAdmin
 from broker.clock import now_ns
 from broker.config import QueueConfig
@@ -35,6 +36,7 @@ _NULLABLE = frozenset(("group_first_key", "default_group", "dead_letter_address"
 _SETTINGS_FIELDS = tuple(f.name for f in pb.QueueSettings.DESCRIPTOR.fields)
 _SERVICES = ("pinmq.client.v1.Broker", "pinmq.client.v1.Admin")
 NODE_REFUSED = ("pinmq-refused", "1")  # trailing metadata: the node itself refused the call
+OWED_RECEIPTS_S = 2.0  # how long an ending consume stream waits to send the receipts it owes
 
 
 class _Refused(Exception):
@@ -49,16 +51,20 @@ def _status(err: CoreError) -> grpc.StatusCode:
     return grpc.StatusCode[err.code.upper()]
 
 
+async def _refuse(context: aio.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
+    """End the call with the node's refusal. Its metadata lets a client tell a refusal, even
+    an UNAVAILABLE one (no grouping decision, a failed store write), from a lost connection."""
+    await context.abort(code, message, trailing_metadata=(NODE_REFUSED,))
+
+
 async def _abort(context: aio.ServicerContext, err: Exception) -> NoReturn:
     """End the call with the status that `err` stands for; unexpected errors propagate."""
     if isinstance(err, _Refused):
-        await context.abort(err.code, str(err))
+        await _refuse(context, err.code, str(err))
     if isinstance(err, CoreError):
-        # The node is reachable even when its answer is UNAVAILABLE (no grouping decision):
-        # the metadata lets clients tell that from a lost connection.
-        await context.abort(_status(err), str(err), trailing_metadata=(NODE_REFUSED,))
+        await _refuse(context, _status(err), str(err))
     if isinstance(err, StoreError):
-        await context.abort(grpc.StatusCode.UNAVAILABLE, f"store write failed: {err}")
+        await _refuse(context, grpc.StatusCode.UNAVAILABLE, f"store write failed: {err}")
     raise err
 
 
@@ -71,6 +77,7 @@ def make_server(
         options=[
             ("grpc.max_receive_message_length", limit + FRAME_SLACK),
             ("grpc.so_reuseport", 0),  # a second node on the same port must fail, not share
+            *channels.serve_keepalive(),  # a frozen client is noticed, its deliveries go back
         ]
     )
     pb_grpc.add_BrokerServicer_to_server(BrokerService(engine, sending), server)
@@ -202,13 +209,15 @@ class BrokerService(pb_grpc.BrokerServicer):
         if first is aio.EOF:
             return
         if first.WhichOneof("kind") != "subscribe":
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, "the first message must be a Subscribe"
+            await _refuse(
+                context, grpc.StatusCode.INVALID_ARGUMENT, "the first message must be a Subscribe"
             )
         sub = first.subscribe
         if sub.prefetch <= 0:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"prefetch must be > 0, got {sub.prefetch}"
+            await _refuse(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"prefetch must be > 0, got {sub.prefetch}",
             )
         consumer_id = f"c-{uuid.uuid4().hex[:12]}"
         try:
@@ -230,8 +239,10 @@ class BrokerService(pb_grpc.BrokerServicer):
             ]
             await asyncio.wait([*tasks, stream.ended], return_when=asyncio.FIRST_COMPLETED)
             if stream.ended.done():
+                tasks[0].cancel()  # no new settles; those already taken get their receipts
+                await _owed_receipts_sent(stream, tasks[1])
                 code, reason = stream.ended.result()
-                await context.abort(grpc.StatusCode[code], reason)
+                await _refuse(context, grpc.StatusCode[code], reason)
             for task in tasks:
                 if task.done() and task.exception() is not None:
                     await _abort(context, task.exception())  # type: ignore[arg-type]
@@ -260,6 +271,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         outbound = stream.outbound
         while True:
             items = [await outbound.get()]
+            stream.writing = True
             while not outbound.empty():
                 items.append(outbound.get_nowait())
             try:
@@ -268,6 +280,20 @@ class BrokerService(pb_grpc.BrokerServicer):
                 return
             for response in _pack(items, first_key):
                 await context.write(response)
+            stream.writing = False
+
+
+async def _owed_receipts_sent(stream: ConsumerStream, writer: asyncio.Task[None]) -> None:
+    """Before a stream ends, send the receipts of settles it took (bounded: a stopping node).
+
+    A client told "ended" for an ack that was in fact committed would retry it for nothing,
+    or worse, count it as failed.
+    """
+    deadline = asyncio.get_running_loop().time() + OWED_RECEIPTS_S
+    while (stream.owed or stream.writing or not stream.outbound.empty()) and not writer.done():
+        if asyncio.get_running_loop().time() > deadline:
+            return
+        await asyncio.sleep(0.005)
 
 
 def _pack(items: list[list[Delivery] | Receipt], first_key: str | None) -> list[pb.ConsumeResponse]:
@@ -322,8 +348,8 @@ class AdminService(pb_grpc.AdminServicer):
         self, request: pb.CreateQueueRequest, context: aio.ServicerContext
     ) -> pb.CreateQueueResponse:
         if not request.queue or not request.address:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, "address and queue must not be empty"
+            await _refuse(
+                context, grpc.StatusCode.INVALID_ARGUMENT, "address and queue must not be empty"
             )
         base = self.engine.config.queue_config_for(request.address).model_dump()
         try:
@@ -333,7 +359,9 @@ class AdminService(pb_grpc.AdminServicer):
                 f"{'.'.join(str(p) for p in e['loc']).replace('_', '-')}: {e['msg']}"
                 for e in err.errors()
             )
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid settings: {problems}")
+            await _refuse(
+                context, grpc.StatusCode.INVALID_ARGUMENT, f"invalid settings: {problems}"
+            )
         try:
             await self.engine.create_queue(request.address, request.queue, settings)
         except Exception as err:
@@ -402,7 +430,8 @@ class AdminService(pb_grpc.AdminServicer):
 
     async def _clustered(self, context: aio.ServicerContext) -> ClusterAdmin:
         if self.admin is None:
-            await context.abort(
+            await _refuse(
+                context,
                 grpc.StatusCode.FAILED_PRECONDITION,
                 "this node is not clustered (no cluster section)",
             )

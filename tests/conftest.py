@@ -70,7 +70,7 @@ class NodeProcess:
             "log": {"format": "json", "level": "info"},
         }
         for key, value in (extra or {}).items():
-            config[key] = {**config.get(key, {}), **value}
+            config[key] = {**config.get(key, {}), **value} if isinstance(value, dict) else value
         self.http = config["listen"]["http"]  # host:port of GET /healthz and /readyz
         self.config_path.write_text(yaml.safe_dump(config))
         self.proc: subprocess.Popen[bytes] | None = None

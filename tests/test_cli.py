@@ -72,7 +72,7 @@ def test_queues_groups_and_reset(url: str) -> None:
     assert reset.returncode == 0 and f"reset all groups of {q}" in reset.stdout
     missing = cli("groups", unique(), "--url", url)
     assert missing.returncode == 1
-    assert missing.stderr.startswith("pinmq: error: no queue named")
+    assert missing.stderr.startswith(f"pinmq: error: refused by {url}: no queue named")
 
 
 def test_unreachable_url_is_one_line_error() -> None:
@@ -99,6 +99,8 @@ def test_usage_errors_exit_2() -> None:
     result = cli("send", "q")  # neither --body nor --stdin
     assert result.returncode == 2
     assert "error: one of the arguments --body --stdin is required" in result.stderr
+    result = cli("queues", "--timeout", "0")
+    assert result.returncode == 2 and "--timeout: must be > 0, got 0" in result.stderr
 
 
 def test_wait_returns_once_the_queue_has_its_consumers_and_times_out_loudly(url: str) -> None:

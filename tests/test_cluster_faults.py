@@ -8,6 +8,7 @@ group, in order, exactly the messages sent), never about timing.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +28,7 @@ from cluster_nodes import (
 from conftest import cli, unique
 from grpc_health.v1 import health_pb2
 
-from broker.client import Client, PinmqError, Unavailable
+from broker.client import Client, PinmqError, RefusedForNow, Unavailable
 
 
 @pytest.fixture
@@ -287,13 +288,14 @@ async def test_with_the_local_node_unreachable_new_groups_fail_cached_ones_flow(
             await producer.send("k1")  # cached at n2: flows without the LOCAL node
             await collector.wait(2)
             fresh = unique("fresh")
-            with pytest.raises(Unavailable) as failed:
+            with pytest.raises(RefusedForNow) as failed:
                 await client.producer(queue, group_id=fresh).send("never")
             message = str(failed.value)
             assert fresh in message and queue in message and "1000 ms" in message, message
-            assert "lost or no connection" not in message  # n2 answered: it is the arbiter
+            assert message.startswith(f"refused by {nodes.url('n2')}: "), message  # n2 answered
+            assert isinstance(failed.value, Unavailable)  # a retry may succeed
             # A batch with a cached and a new group is refused whole: nothing of it enqueued.
-            with pytest.raises(Unavailable):
+            with pytest.raises(RefusedForNow):
                 await client.producer(queue).send_batch(
                     [("k-never", {"JMSXGroupID": known}), ("x", {"JMSXGroupID": unique("new")})]
                 )
@@ -334,3 +336,32 @@ async def test_two_local_grouping_handlers_are_reported_and_refuse_new_groups(
     nodes.wait_until(
         lambda: "cluster misconfigured" in nodes.nodes["n1"].log(), "the problem to be logged"
     )
+
+
+async def test_a_frozen_peer_is_noticed_logged_and_linked_again_when_it_thaws(
+    tmp_path: Path, own: list[ClusterNodes]
+) -> None:
+    nodes = ClusterNodes(tmp_path, grouping(NODES))
+    own.append(nodes.start())
+    frozen = nodes.nodes["n2"].proc
+    assert frozen is not None
+    os.kill(frozen.pid, signal.SIGSTOP)
+    try:
+        # Its sockets stay open: only the keepalive pings of the links find it out.
+        for node_id in ("n1", "n3"):
+            nodes.wait_until(
+                lambda n=node_id: not nodes.view(n)["n2"]["connected"],
+                f"{node_id} to see the frozen n2 as disconnected",
+            )
+        nodes.wait_until(
+            lambda: any(
+                '"cluster peer not answering"' in line and '"peer": "n2"' in line
+                for n in ("n1", "n3")
+                for line in nodes.nodes[n].log().splitlines()
+            ),
+            "a warning naming the frozen peer",
+        )
+    finally:
+        os.kill(frozen.pid, signal.SIGCONT)
+    nodes.wait_linked()
+    assert all(v["connected"] for v in nodes.view("n1").values())

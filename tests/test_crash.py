@@ -261,3 +261,32 @@ def test_kill_9_under_load_loses_nothing_acknowledged(
         print(f"round {rnd}: {stats}")
         assert depth_after == 0, f"{depth_after} messages left after acking all of them"
         receipted |= rec.receipted | {m.msg_id for m in got}
+
+
+@pytest.mark.parametrize(("setting", "grouped_count"), [("grouped", 2), ("none", 1)])
+async def test_messages_out_when_the_node_is_killed_come_back_with_their_delivery_count(
+    tmp_path: Path, setting: str, grouped_count: int
+) -> None:
+    """A delivered, unacked message survives kill -9; with its count stored before delivery
+    (the default for grouped messages) it comes back marked as a redelivery."""
+    node = NodeProcess(tmp_path, {"persist-delivery-count-before-delivery": setting}).start()
+    queue = unique("counted")
+    try:
+        async with Client(node.url) as client:
+            await client.create_queue(queue)
+            await client.producer(queue, group_id="g").send_batch(["g1", "g2"])
+            await client.producer(queue).send("plain")
+            async with client.consumer(queue, prefetch=10) as consumer:
+                out = [await consumer.receive(timeout=10) for _ in range(3)]
+                assert sorted(m.body for m in out if m) == [b"g1", b"g2", b"plain"]
+                assert {m.delivery_count for m in out if m} == {1}
+                node.stop(signal.SIGKILL)
+        node.start()
+        async with Client(node.url) as client, client.consumer(queue, prefetch=10) as consumer:
+            back = {}
+            while len(back) < 3 and (m := await consumer.receive(timeout=10)) is not None:
+                back[m.body] = m.delivery_count
+                await m.ack()
+        assert back == {b"g1": grouped_count, b"g2": grouped_count, b"plain": 1}
+    finally:
+        node.kill()

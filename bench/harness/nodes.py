@@ -41,8 +41,18 @@ class NodeProc:
     node_id: str
     listen: dict[str, str]  # listen.* addresses
     handler: str | None  # "LOCAL" / "REMOTE" / None
-    proc: Any  # subprocess.Popen[bytes]
-    log_path: Path
+    home: Path  # node.yaml, node.log and the data dir
+    proc: Any = None  # subprocess.Popen[bytes] once launched
+
+    @property
+    def log_path(self) -> Path:
+        return self.home / "node.log"
+
+    def launch(self) -> None:
+        """Start the node process (again: same config, ports and data) without waiting."""
+        with self.log_path.open("ab") as log:
+            command = ["-m", "pinmq.cli", "node", "--config", str(self.home / "node.yaml")]
+            self.proc = spawn([sys.executable, *command], log)
 
     @property
     def url(self) -> str:
@@ -107,15 +117,14 @@ def running_nodes(
             home.mkdir(parents=True, exist_ok=True)
             config = node_config(node_id, workdir, listen, peers, handler, load_balancing)
             (home / "node.yaml").write_text(yaml.safe_dump({**config, **(extra or {})}))
-            with (home / "node.log").open("ab") as log:
-                command = ["-m", "pinmq.cli", "node", "--config", str(home / "node.yaml")]
-                proc = spawn([sys.executable, *command], log)
-            nodes.append(NodeProc(node_id, listen, handler, proc, home / "node.log"))
+            node = NodeProc(node_id, listen, handler, home)
+            node.launch()
+            nodes.append(node)
         for node in nodes:
             wait_serving(node)
         yield nodes
     finally:
-        stop(*(node.proc for node in nodes))
+        stop(*(node.proc for node in nodes if node.proc is not None))
 
 
 @contextmanager

@@ -6,15 +6,19 @@ go out together in one Settle. `SyncClient` is a small blocking facade for scrip
 client imports nothing of the server side (a contract in pyproject.toml says so).
 """
 
-from broker.client.base import DEFAULT_URL, Body, Item
+from broker.client.base import CALL_TIMEOUT_S, DEFAULT_URL, Body, Item
 from broker.client.connection import Client
 from broker.client.consumer import Consumer, Received
 from broker.client.errors import (
     REFUSED_METADATA,
     AlreadyExists,
+    ConnectionLost,
     InvalidArgument,
     NotFound,
+    OutcomeUnknown,
     PinmqError,
+    Refused,
+    RefusedForNow,
     Unavailable,
 )
 from broker.client.info import ClusterGroupInfo, ClusterGroups, ClusterStatus, GroupInfo, QueueInfo
@@ -22,6 +26,7 @@ from broker.client.producer import Producer
 from broker.client.sync import SyncClient
 
 __all__ = [
+    "CALL_TIMEOUT_S",
     "DEFAULT_URL",
     "REFUSED_METADATA",
     "AlreadyExists",
@@ -30,15 +35,19 @@ __all__ = [
     "ClusterGroupInfo",
     "ClusterGroups",
     "ClusterStatus",
+    "ConnectionLost",
     "Consumer",
     "GroupInfo",
     "InvalidArgument",
     "Item",
     "NotFound",
+    "OutcomeUnknown",
     "PinmqError",
     "Producer",
     "QueueInfo",
     "Received",
+    "Refused",
+    "RefusedForNow",
     "SyncClient",
     "Unavailable",
 ]

@@ -7,12 +7,13 @@ imports `Client` (which creates them).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Mapping
-from typing import Literal, Protocol, TypeVar
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Literal, Protocol, TypeVar
 
 import grpc
 from grpc import aio
 
+from broker import channels
 from broker.audit import AuditLog
 from pinmq_pb import client_pb2_grpc as pb_grpc
 
@@ -23,10 +24,15 @@ T = TypeVar("T")
 
 DEFAULT_URL = "127.0.0.1:7601"
 CONNECT_TIMEOUT_S = 5.0
+CALL_TIMEOUT_S = 30.0  # every request's deadline, unless the Client is given another
 BATCH_BYTES = 1 << 20  # a send_many batch is cut at this size, below the server's frame limit
+# A frozen node fails the calls on it within two keepalive intervals; a node that returns is
+# reached again within about a second (broker/channels.py).
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", -1),
     ("grpc.max_send_message_length", -1),
+    *channels.keepalive(),
+    *channels.reconnect(),
 ]
 
 
@@ -35,9 +41,10 @@ class Link(Protocol):
 
     target: str  # the node it is connected to (host:port)
     audit: AuditLog | None
+    call_timeout: float  # seconds a request may take before its outcome counts as unknown
     _broker: pb_grpc.BrokerStub
 
-    async def _call(self, rpc: Awaitable[T]) -> T: ...
+    async def _call(self, method: Callable[..., Awaitable[T]], request: Any) -> T: ...
 
 
 async def ready(channel: aio.Channel, timeout: float) -> bool:

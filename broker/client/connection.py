@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import uuid
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -13,7 +13,14 @@ import grpc
 from grpc import aio
 
 from broker.audit import AuditLog
-from broker.client.base import CHANNEL_OPTIONS, CONNECT_TIMEOUT_S, DEFAULT_URL, T, ready
+from broker.client.base import (
+    CALL_TIMEOUT_S,
+    CHANNEL_OPTIONS,
+    CONNECT_TIMEOUT_S,
+    DEFAULT_URL,
+    T,
+    ready,
+)
 from broker.client.consumer import Consumer
 from broker.client.errors import InvalidArgument, Unavailable, from_rpc
 from broker.client.info import (
@@ -39,6 +46,8 @@ class Client:
     With `audit` (a directory, or an `AuditLog`), the client records `client_sent` (once the
     node confirmed the send), `client_received` and `client_acked` events for `pinmq check`,
     and tags every message it sends with a `pinmq-mid` header (producer id / sequence).
+    Every request has a deadline, `call_timeout` seconds (a send_many batch: for its result);
+    one that passes it fails with `OutcomeUnknown`.
     """
 
     def __init__(
@@ -46,6 +55,7 @@ class Client:
         url: str = DEFAULT_URL,
         *,
         connect_timeout: float = CONNECT_TIMEOUT_S,
+        call_timeout: float = CALL_TIMEOUT_S,
         audit: str | Path | AuditLog | None = None,
         audit_name: str | None = None,
     ):
@@ -54,6 +64,7 @@ class Client:
             raise InvalidArgument(f"no address in url {url!r}", "INVALID_ARGUMENT")
         self.target = self.addresses[0]
         self._connect_timeout = connect_timeout
+        self.call_timeout = call_timeout
         self._channel: aio.Channel | None = None
         self._broker: pb_grpc.BrokerStub
         self._admin: pb_grpc.AdminStub
@@ -100,9 +111,10 @@ class Client:
     ) -> None:
         await self.close()
 
-    async def _call(self, rpc: Awaitable[T]) -> T:
+    async def _call(self, method: Callable[..., Awaitable[T]], request: Any) -> T:
+        """One unary call with the client's deadline; failures as refused, lost or unknown."""
         try:
-            return await rpc
+            return await method(request, timeout=self.call_timeout)
         except grpc.RpcError as err:
             raise from_rpc(err, self.target) from None
 
@@ -139,22 +151,22 @@ class Client:
         request = pb.CreateQueueRequest(
             address=address or queue, queue=queue, settings=_settings_pb(settings)
         )
-        await self._call(self._admin.CreateQueue(request))
+        await self._call(self._admin.CreateQueue, request)
 
     async def delete_queue(self, queue: str) -> int:
         """Delete `queue` and its messages; returns how many messages were removed."""
-        reply = await self._call(self._admin.DeleteQueue(pb.DeleteQueueRequest(queue=queue)))
+        reply = await self._call(self._admin.DeleteQueue, pb.DeleteQueueRequest(queue=queue))
         return reply.removed_messages
 
     async def queues(self) -> list[QueueInfo]:
-        reply = await self._call(self._admin.ListQueues(pb.ListQueuesRequest()))
+        reply = await self._call(self._admin.ListQueues, pb.ListQueuesRequest())
         return [
             QueueInfo(q.name, q.address, q.depth, q.consumer_count, _settings_dict(q.settings))
             for q in reply.queues
         ]
 
     async def groups(self, queue: str) -> list[GroupInfo]:
-        reply = await self._call(self._admin.ListGroups(pb.ListGroupsRequest(queue=queue)))
+        reply = await self._call(self._admin.ListGroups, pb.ListGroupsRequest(queue=queue))
         return [
             GroupInfo(
                 group=g.group,
@@ -170,7 +182,7 @@ class Client:
     async def reset_groups(self, queue: str, group: str | None = None) -> None:
         """Unpin one group (or all): their next messages may go to any consumer."""
         request = pb.ResetGroupsRequest(queue=queue, group=group)
-        await self._call(self._admin.ResetGroups(request))
+        await self._call(self._admin.ResetGroups, request)
 
     # ---- the cluster (clustered nodes only) ----
 
@@ -179,7 +191,7 @@ class Client:
     ) -> ClusterGroups:
         """Every group of the cluster (of one queue, one group) in one call, from any node."""
         request = pb.ClusterGroupsRequest(queue=queue or "", group=group or "")
-        reply = await self._call(self._admin.ClusterGroups(request))
+        reply = await self._call(self._admin.ClusterGroups, request)
         return ClusterGroups(
             groups=[
                 ClusterGroupInfo(
@@ -209,11 +221,11 @@ class Client:
         and after a forced move they reach a consumer when it returns, out of order.
         """
         request = pb.ClusterResetGroupRequest(group=group, queue=queue, force=force)
-        reply = await self._call(self._admin.ClusterResetGroup(request))
+        reply = await self._call(self._admin.ClusterResetGroup, request)
         return reply.removed
 
     async def cluster_status(self) -> ClusterStatus:
-        reply = await self._call(self._admin.ClusterStatus(pb.ClusterStatusRequest()))
+        reply = await self._call(self._admin.ClusterStatus, pb.ClusterStatusRequest())
         return ClusterStatus(
             node_id=reply.node_id,
             connected={n.node_id: n.connected for n in reply.nodes},

@@ -16,7 +16,7 @@ from grpc import aio
 
 from broker.audit import MID_HEADER
 from broker.client.base import CONNECT_TIMEOUT_S, Link, SettleKind
-from broker.client.errors import PinmqError, from_rpc
+from broker.client.errors import ConnectionLost, OutcomeUnknown, PinmqError, from_rpc
 from pinmq_pb import client_pb2 as pb
 
 
@@ -238,7 +238,7 @@ class Consumer:
         except grpc.RpcError as err:
             if not (self._closing and err.code() == grpc.StatusCode.CANCELLED):
                 self._error = from_rpc(err, self._client.target)
-                self._fail_receipts(self._error)
+                self._stream_ended(self._error)
         finally:
             self._ended = True
             self._arrived.set()
@@ -306,6 +306,35 @@ class Consumer:
             persistent=d.persistent,
             _consumer=self,
         )
+
+    def _stream_ended(self, error: PinmqError) -> None:
+        """Fail the receipts still awaited when the stream ends, saying what is known.
+
+        A settle still in the outbox never left: it did not happen (the message comes back).
+        One that was sent may have been committed before the stream ended.
+        """
+        unsent = {i for _, ids, _ in self._outbox for i in ids}
+        target = self._client.target
+        receipts, self._receipts = self._receipts, {}
+        for delivery_id, future in receipts.items():
+            if future.done():
+                continue
+            if delivery_id in unsent:
+                future.set_exception(
+                    ConnectionLost(
+                        f"the consume stream to {target} ended before this settle was sent "
+                        f"({error}): it did not happen",
+                        error.code,
+                    )
+                )
+            else:
+                future.set_exception(
+                    OutcomeUnknown(
+                        f"the consume stream to {target} ended before the receipt ({error}): "
+                        "the settle may have been committed",
+                        error.code,
+                    )
+                )
 
     def _fail_receipts(self, error: PinmqError) -> None:
         receipts, self._receipts = self._receipts, {}

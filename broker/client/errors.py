@@ -1,4 +1,16 @@
-"""The client's exceptions: one per gRPC status a caller may want to handle apart."""
+"""The client's exceptions: what happened to a request, and one class per status worth handling.
+
+Three outcomes never look alike:
+- `Refused`: the node answered and did not do it (its reason is the message). Nothing
+  happened; `NotFound`, `InvalidArgument`, `AlreadyExists` and `RefusedForNow` (no grouping
+  decision in time, a store write that failed) say more.
+- `ConnectionLost`: no connection, so the request was never sent. Nothing happened.
+- `OutcomeUnknown`: the request was sent but no answer came (the connection broke, or the
+  deadline passed). It may or may not have taken effect: a send may be enqueued, an ack
+  committed. Only this outcome calls for de-duplication on retry.
+`Unavailable` covers the last two and `RefusedForNow`: the cases where trying again later,
+or on another node, may succeed.
+"""
 
 from __future__ import annotations
 
@@ -13,41 +25,74 @@ class PinmqError(Exception):
         self.code = code
 
 
-class NotFound(PinmqError):
+class Refused(PinmqError):
+    """The node answered and refused the request; nothing was done."""
+
+
+class NotFound(Refused):
     """The queue, address or group does not exist."""
 
 
-class InvalidArgument(PinmqError):
+class InvalidArgument(Refused):
     """The request was refused as invalid (bad settings, oversized message, ...)."""
 
 
-class AlreadyExists(PinmqError):
+class AlreadyExists(Refused):
     """A queue of that name exists already."""
 
 
 class Unavailable(PinmqError):
-    """No node could be reached, or the connection was lost."""
+    """No answer from a node, or a node that cannot do it now: a retry may succeed."""
+
+
+class RefusedForNow(Refused, Unavailable):
+    """The node answered that it cannot do it now (no grouping decision within the handler's
+    timeout, a store write that failed); nothing was done."""
+
+
+class ConnectionLost(Unavailable):
+    """No connection to the node: the request was not sent, nothing was done."""
+
+
+class OutcomeUnknown(Unavailable):
+    """The request was sent but no answer came: it may or may not have taken effect."""
 
 
 _BY_CODE: dict[str, type[PinmqError]] = {
     "NOT_FOUND": NotFound,
     "INVALID_ARGUMENT": InvalidArgument,
     "ALREADY_EXISTS": AlreadyExists,
-    "UNAVAILABLE": Unavailable,
+    "UNAVAILABLE": RefusedForNow,
+    "DEADLINE_EXCEEDED": OutcomeUnknown,
 }
 
 
 def error_for(code: str, message: str) -> PinmqError:
-    return _BY_CODE.get(code, PinmqError)(message, code)
+    """The exception for a status the node itself answered with (a refusal, in-band or not)."""
+    return _BY_CODE.get(code, Refused)(message, code)
 
 
 REFUSED_METADATA = ("pinmq-refused", "1")  # the node answered: its refusal, not a lost link
+# gRPC's words when a call failed before any byte of it left: the channel could not connect.
+_NOT_CONNECTED = ("failed to connect", "connection refused", "connect failed", "dns resolution")
 
 
 def from_rpc(err: grpc.RpcError, target: str) -> PinmqError:
+    """What a failed call means: refused by the node, not sent, or outcome unknown."""
     code = err.code()
     name = code.name if code is not None else "UNKNOWN"
     details = err.details() or name
-    if name == "UNAVAILABLE" and REFUSED_METADATA not in tuple(err.trailing_metadata() or ()):
-        details = f"lost or no connection to {target}: {details}"
-    return error_for(name, details)
+    if REFUSED_METADATA in tuple(err.trailing_metadata() or ()):
+        return error_for(name, f"refused by {target}: {details}")
+    if name == "UNAVAILABLE":
+        if any(words in details.lower() for words in _NOT_CONNECTED):
+            return ConnectionLost(f"no connection to {target}, nothing was sent: {details}", name)
+        return OutcomeUnknown(
+            f"lost the connection to {target} after sending: the outcome is unknown ({details})",
+            name,
+        )
+    if name == "DEADLINE_EXCEEDED":
+        return OutcomeUnknown(f"no answer from {target} in time: the outcome is unknown", name)
+    if name in ("CANCELLED", "UNKNOWN", "INTERNAL"):
+        return PinmqError(f"{target}: {details}", name)
+    return error_for(name, f"refused by {target}: {details}")

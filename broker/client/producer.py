@@ -11,7 +11,7 @@ import grpc
 
 from broker.audit import MID_HEADER
 from broker.client.base import BATCH_BYTES, Body, Item, Link
-from broker.client.errors import PinmqError, Unavailable, error_for, from_rpc
+from broker.client.errors import OutcomeUnknown, PinmqError, error_for, from_rpc
 from broker.message import GROUP_SEQ_HEADER
 from pinmq_pb import client_pb2 as pb
 
@@ -54,14 +54,14 @@ class Producer:
     async def send(self, body: Body, headers: Mapping[str, str] | None = None) -> int:
         """Send one message; returns its id once the node has it (on disk if persistent)."""
         request = pb.SendRequest(message=self._message(body, headers))
-        reply = await self._client._call(self._client._broker.Send(request))
+        reply = await self._client._call(self._client._broker.Send, request)
         self._audit_sent((request.message,), (reply.msg_id,))
         return reply.msg_id
 
     async def send_batch(self, items: Sequence[Item]) -> list[int]:
         """Send several messages in one request: all are accepted or none."""
         request = pb.SendBatchRequest(messages=[self._item(i) for i in items])
-        reply = await self._client._call(self._client._broker.SendBatch(request))
+        reply = await self._client._call(self._client._broker.SendBatch, request)
         self._audit_sent(request.messages, reply.msg_ids)
         return list(reply.msg_ids)
 
@@ -107,7 +107,8 @@ class Producer:
             try:
                 async for result in call:
                     if result.error_code:
-                        raise error_for(result.error_code, result.error_message)
+                        message = f"refused by {self._client.target}: {result.error_message}"
+                        raise error_for(result.error_code, message)
                     ids.extend(result.msg_ids)
                     if auditing:
                         self._audit_sent(in_flight.popleft(), result.msg_ids)
@@ -123,9 +124,11 @@ class Producer:
                     credit.release()
 
         reader = asyncio.create_task(read_results())
+        deadline = self._client.call_timeout
         try:
             for batch in self._batches(items, batch_size):
-                await credit.acquire()
+                async with asyncio.timeout(deadline):  # a result frees a slot, or none comes
+                    await credit.acquire()
                 if failure:
                     break
                 if auditing:
@@ -133,7 +136,16 @@ class Producer:
                 await call.write(pb.SendBatchRequest(messages=batch))
             if not failure:
                 await call.done_writing()
-            await reader
+            async with asyncio.timeout(deadline):
+                await reader
+        except TimeoutError:
+            failure.append(
+                OutcomeUnknown(
+                    f"no result from {self._client.target} within {deadline:g} s: the outcome "
+                    "of the batches in flight is unknown",
+                    "DEADLINE_EXCEEDED",
+                )
+            )
         except grpc.RpcError as err:
             await reader
             if not failure:
@@ -141,7 +153,13 @@ class Producer:
         except asyncio.InvalidStateError:  # the stream ended before this write: the reader says why
             await reader
             if not failure:
-                failure.append(Unavailable(f"the send stream to {self._client.target} ended"))
+                failure.append(
+                    OutcomeUnknown(
+                        f"the send stream to {self._client.target} ended: the outcome of the "
+                        "batches in flight is unknown",
+                        "UNAVAILABLE",
+                    )
+                )
         finally:
             if not reader.done():
                 reader.cancel()
