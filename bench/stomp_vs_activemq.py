@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.procs import machine_cpu, next_event, proc_cpu, run_main
+from harness.procs import end_workers, machine_cpu, next_event, proc_cpu, run_main
 from harness.stats import order_checks, passed
 from stomp_load import workers
 from stomp_load.activemq import Running, ensure_installed, running_activemq
@@ -164,11 +164,7 @@ def run_scenario(broker: str, target: Running, n: int, groups: int, mode: str) -
         for p in procs:
             p.join(10)
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-                p.join(5)
-        events.close()
+        end_workers(procs, events)
     left = workers.drain(host, port, dest, CONSUMERS)
     client_cpu = prod["cpu"] + sum(s.cpu for s in seen)
     end = max(s.end for s in seen)

@@ -41,7 +41,8 @@ def audited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterNodes]:
 
 async def audit_events(nodes: ClusterNodes, queue: str, settled: int) -> Events:
     """Every node's events about `queue`'s messages (also in SF queues), once `settled` of
-    them were acked in `queue` (the writers flush every 20 ms, consumers ack in the background).
+    them were acked in `queue` and as many routed (each node's writer flushes every 20 ms on
+    its own: an ack on one node can be on disk before the routing on another).
     """
     result: Events = {}
     tag = f"{queue}."
@@ -52,9 +53,10 @@ async def audit_events(nodes: ClusterNodes, queue: str, settled: int) -> Events:
             found = events_in(node.data_dir / "audit")
             result[node_id] = [e for e in found if e.get("mid", "").startswith(tag)]
         acks = [e for events in result.values() for e in events if e["kind"] == "acked"]
-        return sum(e["queue"] == queue for e in acks) >= settled
+        routed = sum(e["kind"] == "routed" for events in result.values() for e in events)
+        return sum(e["queue"] == queue for e in acks) >= settled and routed >= settled
 
-    await until(acked, f"{settled} acked events in the audit logs")
+    await until(acked, f"{settled} acked and routed events in the audit logs")
     return result
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import unique
 
-from broker.client import Client, PinmqError, SyncClient, Unavailable
+from broker.client import Client, ConnectionLost, PinmqError, SyncClient
 
 
 async def test_auto_group_gives_each_producer_its_own_group(url: str) -> None:
@@ -87,7 +87,7 @@ async def test_consumers_iterate_until_closed(url: str) -> None:
 
 
 async def test_unreachable_url_names_the_address() -> None:
-    with pytest.raises(Unavailable, match=r"127\.0\.0\.1:1 "):
+    with pytest.raises(ConnectionLost, match=r"127\.0\.0\.1:1 "):
         async with Client("127.0.0.1:1", connect_timeout=2):
             pass
 

@@ -56,6 +56,16 @@ async def until_it_works(call: Callable[[], Awaitable[object]]) -> float:
                 await asyncio.sleep(0.05)
 
 
+async def drained(client: Client, queue: str) -> list[bytes]:
+    """Every message left on `queue`, acked, in the order received."""
+    bodies = []
+    async with client.consumer(queue, prefetch=1000) as consumer:
+        while (m := await consumer.receive(timeout=2)) is not None:
+            bodies.append(m.body)
+            await m.ack()
+    return bodies
+
+
 async def test_a_frozen_node_fails_a_send_as_outcome_unknown_instead_of_hanging(
     node: NodeProcess,
 ) -> None:
@@ -72,11 +82,7 @@ async def test_a_frozen_node_fails_a_send_as_outcome_unknown_instead_of_hanging(
         finally:
             thaw(node)
         await until_it_works(lambda: producer.send("after the thaw"))
-        async with client.consumer(queue) as consumer:
-            bodies = []
-            while (m := await consumer.receive(timeout=2)) is not None:
-                bodies.append(m.body)
-                await m.ack()
+        bodies = await drained(client, queue)
     # The first send's outcome was unknown: here it was in fact enqueued before the freeze
     # bit, or not; either way nothing else is there and the later send arrived once.
     assert bodies[-1] == b"after the thaw" and bodies.count(b"after the thaw") == 1
@@ -125,11 +131,7 @@ async def test_a_client_outlives_a_30_s_outage_and_is_told_nothing_was_sent_mean
         node.start()
         took = await until_it_works(lambda: producer.send("after"))
         print(f"a send worked again {took:.2f} s after the node served again")
-        async with client.consumer(queue) as consumer:
-            bodies = []
-            while (m := await consumer.receive(timeout=2)) is not None:
-                bodies.append(m.body)
-                await m.ack()
+        bodies = await drained(client, queue)
     assert bodies == [b"before", b"after"]
 
 
@@ -165,11 +167,8 @@ async def test_acks_in_flight_at_a_clean_stop_are_confirmed_or_unknown_never_ref
         await asyncio.gather(*(t for t in tasks if t), stopping)  # a refusal fails the test
     assert node.proc is not None and node.proc.returncode == 0
     node.start()
-    async with Client(node.url) as client, client.consumer(queue, prefetch=n) as consumer:
-        back = set()
-        while (m := await consumer.receive(timeout=2)) is not None:
-            back.add(m.body)
-            await m.ack()
+    async with Client(node.url) as client:
+        back = set(await drained(client, queue))
     acked = {b for b, o in outcomes.items() if o == "acked"}
     assert len(acked) >= n // 4
     assert not acked & back, "an ack confirmed before the stop was not kept"

@@ -33,14 +33,14 @@ WAIT_S = 60.0
 
 
 @pytest.fixture
-def drilled(tmp_path: Path) -> Iterator[tuple[ClusterNodes, Path]]:
+def drill(tmp_path: Path) -> Iterator[Drill]:
     audit = {"audit": {"enabled": True, "flush-ms": 20}}
     spec = grouping(NODES, timeout=TIMEOUT_MS, extra=audit)
     (tmp_path / "nodes").mkdir()
     nodes = ClusterNodes(tmp_path / "nodes", spec)
     try:
         nodes.start()
-        yield nodes, tmp_path / "history"
+        yield Drill(nodes, tmp_path / "history")
     finally:
         nodes.kill_all()
 
@@ -172,10 +172,9 @@ class Drill:
 
 
 async def test_a_remote_node_killed_with_messages_out_comes_back_without_breaking_a_group(
-    drilled: tuple[ClusterNodes, Path], tmp_path: Path
+    drill: Drill, tmp_path: Path
 ) -> None:
-    nodes, history = drilled
-    drill = Drill(nodes, history)
+    nodes = drill.nodes
     await drill.start()
     try:
         await drill.send(range(PER_GROUP // 2))
@@ -202,10 +201,9 @@ async def test_a_remote_node_killed_with_messages_out_comes_back_without_breakin
 
 
 async def test_a_remote_node_frozen_for_10_s_under_load_breaks_no_group(
-    drilled: tuple[ClusterNodes, Path], tmp_path: Path
+    drill: Drill, tmp_path: Path
 ) -> None:
-    nodes, history = drilled
-    drill = Drill(nodes, history)
+    nodes = drill.nodes
     await drill.start()
     frozen = nodes.nodes["n2"].proc
     assert frozen is not None

@@ -20,7 +20,15 @@ from typing import Any
 from broker.client import Client
 from harness.clients import STALL_S, Plan, Seen, consumer_main, group_name, producer_main
 from harness.nodes import NodeProc, admin, node_queues
-from harness.procs import MachineCpu, NodeCpu, machine_cpu, next_event_async, node_cpu, used
+from harness.procs import (
+    MachineCpu,
+    NodeCpu,
+    end_workers,
+    machine_cpu,
+    next_event_async,
+    node_cpu,
+    used,
+)
 from harness.stats import Checks, order_checks, passed, pct
 
 PREFETCH = 100
@@ -179,11 +187,7 @@ async def run_load(
             await asyncio.to_thread(p.join, 10)
         depths = await _depths(nodes, queue)
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-                p.join(5)
-        events.close()
+        end_workers(procs, events)
 
     enders = [s for s in seen if s.end_ns]
     if not enders:

@@ -206,6 +206,15 @@ def poll_event(events: Any, procs: Sequence[Any], deadline: float) -> tuple[str,
     return None
 
 
+def end_workers(procs: Sequence[Any], events: Any) -> None:
+    """Terminate the worker processes still running and close their event queue."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+            p.join(5)
+    events.close()
+
+
 def next_event(events: Any, procs: Sequence[Any], timeout: float) -> tuple[str, Any]:
     """The next event from worker processes, waiting at most `timeout` seconds."""
     deadline = time.monotonic() + timeout

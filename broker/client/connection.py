@@ -22,7 +22,7 @@ from broker.client.base import (
     ready,
 )
 from broker.client.consumer import Consumer
-from broker.client.errors import InvalidArgument, Unavailable, from_rpc
+from broker.client.errors import ConnectionLost, InvalidArgument, from_rpc
 from broker.client.info import (
     ClusterGroupInfo,
     ClusterGroups,
@@ -89,7 +89,7 @@ class Client:
             if self._audit_dir is not None and self.audit is None:
                 self.audit = AuditLog(self._audit_dir, self._audit_name, node=target).start()
             return
-        raise Unavailable(
+        raise ConnectionLost(
             f"cannot reach a pinmq node at {', '.join(failures)} (connection refused or timed out)",
             "UNAVAILABLE",
         )
