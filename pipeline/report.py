@@ -151,6 +151,39 @@ def _table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
 
+def _when(ns: int) -> str:
+    """A timestamp an operator can read: UTC, to the millisecond."""
+    return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def _readable(row: dict[str, Any]) -> dict[str, Any]:
+    """A row with its `*_ns` timestamps written as UTC times (and renamed without `_ns`)."""
+    return {
+        (k[:-3] if k.endswith("_ns") else k): (_when(v) if k.endswith("_ns") and v else v)
+        for k, v in row.items()
+    }
+
+
+def _timeline(stats: dict[str, Any]) -> str:
+    """Failover moments and the longest group stalls, one line each, in time order."""
+    lines = [
+        (g["at_ns"], f"{g['what']}; {g.get('groups_stalled', 0)} group(s) stalled across it")
+        for g in stats.get("failovers", [])
+    ]
+    lines += [
+        (
+            s["from_ns"],
+            f"group {s['group']} on {s['queue']} stalled {s['gap_ms'] / 1000:.1f} s "
+            f"(until {_when(s['to_ns'])}, resumed on {s['resumed_on']})",
+        )
+        for s in stats.get("stalls", {}).get("longest", [])[:20]
+    ]
+    if not lines:
+        return "<p class=muted>no failover and no group stall of a second or more</p>"
+    items = "".join(f"<li><code>{_when(at)}</code> {_e(text)}</li>" for at, text in sorted(lines))
+    return f"<ul>{items}</ul>"
+
+
 def _violations(summary: dict[str, Any]) -> str:
     out = []
     events = summary.get("example_events", {})
@@ -269,8 +302,22 @@ def render(summary: dict[str, Any]) -> str:
                 )
             )
         parts.append(_table([{k: v for k, v in sizes.items() if k != "histogram"}]))
+        parts.append("<h2>What happened, in order</h2>")
+        parts.append(_timeline(stats))
         parts.append("<h2>Delivery gaps around failovers</h2>")
-        parts.append(_table(stats.get("failovers", [])))
+        parts.append(
+            "<p class=muted>gap: the longest pause between two deliveries anywhere in the "
+            "cluster near the moment; group gap: the longest pause of a group whose pause spans "
+            "it (what that group's consumer waited).</p>"
+        )
+        parts.append(_table([_readable(g) for g in stats.get("failovers", [])]))
+        stalls = stats.get("stalls", {})
+        parts.append("<h2>Group stalls</h2>")
+        parts.append(
+            f"<p>{_num(stalls.get('count', 0))} pauses of a second or more between a group's "
+            f"deliveries, in {_num(stalls.get('groups', 0))} groups; the longest:</p>"
+        )
+        parts.append(_table([_readable(s) for s in stalls.get("longest", [])]))
         parts.append("<h2>Events by kind</h2>")
         parts.append(_table([stats.get("events", {})]))
     parts.append(

@@ -15,6 +15,8 @@ PERCENTILES = (0.5, 0.9, 0.99, 0.999)
 TIMELINE_BUCKETS = 120
 GAP_BEFORE_S, GAP_AFTER_S = 10.0, 30.0  # where to look for the pause around a failover
 END_S = 1.0  # a node run ending less than this before the last delivery is no failover
+STALL_S = 1.0  # a group whose next first delivery comes this much later stalled
+STALLS_LISTED = 50  # the longest stalls listed in the summary
 SLICE_NS = 1_000_000_000  # the span around a failover is sorted in slices this long
 
 
@@ -75,7 +77,7 @@ def compute(
         sizes = pool.submit(_group_sizes, cells)
         latency = pool.submit(_decision_latency, routed)
         timeline = pool.submit(_timeline, first, per_node)
-        failovers = pool.submit(failover_gaps, deliveries, routed, runs)
+        stalls = pool.submit(group_stalls, first)
         per_consumer = consumers.result()
         out: dict[str, Any] = {
             "per_node": [
@@ -91,8 +93,10 @@ def compute(
             "group_sizes": sizes.result(),
             "decision_latency_ms": latency.result(),
             "timeline": timeline.result(),
-            "failovers": failovers.result(),
         }
+        out["stalls"] = stalls.result()
+        out["failovers"] = failover_gaps(deliveries, routed, runs, out["stalls"]["all"])
+        del out["stalls"]["all"]
     cells.unpersist()
     return out
 
@@ -197,14 +201,58 @@ def _timeline(first: DataFrame, per_node: list[Any]) -> dict[str, Any]:
     return timeline
 
 
+def group_stalls(first: DataFrame) -> dict[str, Any]:
+    """Pauses of STALL_S or more between a group's consecutive first deliveries.
+
+    What a consumer of the group lived through, whatever caused it: a node down or frozen
+    (a frozen node ends no run, so only this finds it), a group waiting for its node, a
+    decision that did not come. `all` lists every stall (for the failover moments), `longest`
+    the STALLS_LISTED longest.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    w = Window.partitionBy("queue", "group").orderBy("ts_ns")
+    stalls = (
+        first.filter(F.col("group").isNotNull())
+        .select("queue", "group", "node", "ts_ns", F.lag("ts_ns").over(w).alias("prev"))
+        .filter(F.col("ts_ns") - F.col("prev") >= int(STALL_S * 1e9))
+        .select(
+            "queue",
+            "group",
+            F.col("node").alias("resumed_on"),
+            F.col("prev").alias("from_ns"),
+            F.col("ts_ns").alias("to_ns"),
+        )
+        .collect()
+    )
+    found = sorted(
+        ({**r.asDict(), "gap_ms": round((r["to_ns"] - r["from_ns"]) / 1e6, 3)} for r in stalls),
+        key=lambda s: -s["gap_ms"],
+    )
+    return {
+        "count": len(found),
+        "groups": len({(s["queue"], s["group"]) for s in found}),
+        "longest": found[:STALLS_LISTED],
+        "all": found,
+    }
+
+
 def failover_gaps(
-    deliveries: DataFrame, routed: DataFrame, runs: list[tuple[str, int, str, int]]
+    deliveries: DataFrame,
+    routed: DataFrame,
+    runs: list[tuple[str, int, str, int]],
+    stalls: list[dict[str, Any]],
 ) -> list[dict[str, Any]]:
     """Delivery gaps around failovers: a node's run ending while others go on, or a new epoch.
 
     For each such moment, the longest pause between two deliveries (anywhere in the cluster)
-    from `GAP_BEFORE_S` before it to `GAP_AFTER_S` after it. `runs`: (node, boot, source,
-    run_end) of every writer run.
+    from `GAP_BEFORE_S` before it to `GAP_AFTER_S` after it, and the groups that stalled
+    across it (`stalls`, from `group_stalls`) with the longest of their pauses: what the
+    consumers of the node's groups waited, which the cluster-wide gap hides while other nodes
+    go on. A node's run that ends without a later run of that node and without any group
+    stalling across its end is a node that went quiet (idle), not a failover. `runs`: (node,
+    boot, source, run_end) of every writer run.
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -221,11 +269,20 @@ def failover_gaps(
     last = deliveries.agg(F.max("ts_ns")).first()[0]
     if last is None:
         return []
-    moments = [
-        (f"node {node} stopped", end)
-        for node, _, source, end in runs
-        if source == "node" and last - end > END_S * 1e9
-    ]
+    starts: dict[str, list[int]] = {}
+    for node, boot, source, _ in runs:
+        if source == "node":
+            starts.setdefault(node, []).append(boot)
+    moments = []
+    for node, boot, source, end in runs:
+        if source != "node" or last - end <= END_S * 1e9:
+            continue
+        later = [b for b in starts[node] if b > boot]
+        if later:  # boot is the next run's start time
+            away = (min(later) - end) / 1e9
+            moments.append((f"node {node} stopped (back after {away:.1f} s)", end))
+        elif _across(stalls, end):
+            moments.append((f"node {node} stopped", end))
     moments += [(f"epoch {r['epoch']} began", r["at"]) for r in epochs[1:] if r["at"] < last]
     if not moments:
         return []
@@ -267,6 +324,7 @@ def failover_gaps(
         if found:
             start, stop = max(sorted(found), key=lambda g: g[1] - g[0])
             what, at = moments[i]
+            across = _across(stalls, at)
             out.append(
                 {
                     "what": what,
@@ -274,6 +332,14 @@ def failover_gaps(
                     "gap_from_ns": start,
                     "gap_to_ns": stop,
                     "gap_ms": round((stop - start) / 1e6, 3),
+                    "groups_stalled": len(across),
+                    "group_gap_ms": max((s["gap_ms"] for s in across), default=0.0),
                 }
             )
     return sorted(out, key=lambda g: g["at_ns"])
+
+
+def _across(stalls: list[dict[str, Any]], at: int) -> list[dict[str, Any]]:
+    """The group stalls that span the moment `at` (a second either side counts)."""
+    slack = int(END_S * 1e9)
+    return [s for s in stalls if s["from_ns"] - slack <= at <= s["to_ns"] + slack]

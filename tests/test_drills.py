@@ -19,9 +19,11 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cluster_nodes import NODES, ClusterNodes, create_everywhere, grouping
@@ -75,8 +77,8 @@ class Worker:
                     self.acked.add(oldest.body)
 
 
-async def check(history: Path, report: Path) -> tuple[dict[str, int], str]:
-    """`pinmq check` on the history, as a user runs it: its violation counts and its output."""
+async def check(history: Path, report: Path) -> tuple[dict[str, Any], str]:
+    """`pinmq check` on the history, as a user runs it: its summary and its output."""
     done = await asyncio.to_thread(
         subprocess.run,
         [*PINMQ, "check", str(history), "--master", "local[2]", "--report", str(report)],
@@ -85,8 +87,7 @@ async def check(history: Path, report: Path) -> tuple[dict[str, int], str]:
         timeout=600,
     )
     assert done.returncode in (0, 1), done.stderr
-    summary = json.loads((report / "summary.json").read_text())
-    return summary["violations"], done.stdout
+    return json.loads((report / "summary.json").read_text()), done.stdout
 
 
 class Drill:
@@ -162,17 +163,19 @@ class Drill:
         for client in self.clients:
             await client.close()
 
-    async def verdict(self, report: Path) -> None:
-        """Stop every node cleanly, gather the audit logs, and require a clean check."""
+    async def verdict(self, report: Path) -> dict[str, Any]:
+        """Stop every node cleanly, gather the audit logs, require a clean check; its stats."""
         for node_id in NODES:
             self.nodes.stop(node_id)  # clean stop: every node writes its audit tail
         for node_id in NODES:
             audit = self.nodes.nodes[node_id].data_dir / "audit"
             shutil.copytree(audit, self.history / node_id)
-        counts, output = await check(self.history, report)
+        summary, output = await check(self.history, report)
+        counts = summary["violations"]
         assert {"lost", "duplicates", "order", "exclusivity"} <= counts.keys(), counts
         assert counts == {k: 0 for k in counts}, output
         assert "verdict: CLEAN" in output
+        return summary["stats"]
 
 
 async def test_a_remote_node_killed_with_messages_out_comes_back_without_breaking_a_group(
@@ -186,6 +189,7 @@ async def test_a_remote_node_killed_with_messages_out_comes_back_without_breakin
         async with asyncio.timeout(WAIT_S):
             while len(n3.held) < HOLD:  # n3 holds deliveries it never acks
                 await asyncio.sleep(0.02)
+        killed = time.time_ns()
         nodes.stop("n3", signal.SIGKILL)
         with pytest.raises(PinmqError):
             await n3.task  # type: ignore[misc]
@@ -195,13 +199,20 @@ async def test_a_remote_node_killed_with_messages_out_comes_back_without_breakin
         await asyncio.sleep(3 * TIMEOUT_MS / 1000)
         await drill.send(range(PER_GROUP * 2 // 3, PER_GROUP))
         assert len(drill.confirmed) == GROUPS * PER_GROUP  # n1 and n2 took every send
+        away_ms = (time.time_ns() - killed) / 1e6
         nodes.start("n3")
         await drill.start_worker("n3", "worker-n3-again")
         drill.drain.set()
         await drill.all_acked()
     finally:
         await drill.close()
-    await drill.verdict(tmp_path / "report")
+    stats = await drill.verdict(tmp_path / "report")
+    # The report explains it: n3's run ended and a later one began, and n3's groups stalled
+    # across it at least as long as n3 was known to be away.
+    [failover] = [g for g in stats["failovers"] if g["what"].startswith("node n3 stopped (back")]
+    assert failover["groups_stalled"] >= 1
+    assert failover["group_gap_ms"] >= away_ms, (failover, away_ms)
+    assert stats["stalls"]["longest"][0]["gap_ms"] >= away_ms
 
 
 async def test_a_remote_node_frozen_for_10_s_under_load_breaks_no_group(
@@ -214,6 +225,7 @@ async def test_a_remote_node_frozen_for_10_s_under_load_breaks_no_group(
     try:
         await drill.send(range(10))
         os.kill(frozen.pid, signal.SIGSTOP)
+        froze = time.time_ns()
         thaw_at = asyncio.get_running_loop().time() + 10
         try:
             # Sends through n2 fail once keepalive gives up on it (outcome unknown); those
@@ -222,6 +234,7 @@ async def test_a_remote_node_frozen_for_10_s_under_load_breaks_no_group(
         finally:
             await asyncio.sleep(max(0.0, thaw_at - asyncio.get_running_loop().time()))
             os.kill(frozen.pid, signal.SIGCONT)
+        frozen_ms = (time.time_ns() - froze) / 1e6
         n2 = drill.workers["worker-n2"]
         with pytest.raises(PinmqError):  # its stream went with the keepalive
             await n2.task  # type: ignore[misc]
@@ -232,7 +245,11 @@ async def test_a_remote_node_frozen_for_10_s_under_load_breaks_no_group(
         await drill.all_acked()
     finally:
         await drill.close()
-    await drill.verdict(tmp_path / "report")
+    stats = await drill.verdict(tmp_path / "report")
+    # A frozen node ends no run: the group stalls are what shows the freeze in the report.
+    assert not [g for g in stats["failovers"] if g["what"].startswith("node n2")]
+    longest = stats["stalls"]["longest"][0]
+    assert longest["gap_ms"] >= frozen_ms, (longest, frozen_ms)
 
 
 async def test_the_local_node_killed_and_restarted_under_load_breaks_no_group(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -99,6 +100,9 @@ def test_a_clean_history_is_clean_with_statistics(spark: Any, tmp_path: Path) ->
     gaps = {g["what"]: g for g in s["failovers"]}
     assert set(gaps) == {"node n3 stopped", "epoch 2 began"}  # n1, n2 ran to the end
     assert gaps["node n3 stopped"]["gap_ms"] >= 2000  # the synthetic pause
+    assert gaps["node n3 stopped"]["group_gap_ms"] >= 2000  # n3's groups waited it out
+    assert gaps["node n3 stopped"]["groups_stalled"] >= 1
+    assert s["stalls"]["groups"] >= 1 and s["stalls"]["longest"][0]["gap_ms"] >= 2000
     assert gaps["epoch 2 began"]["gap_ms"] >= 2000
     assert set(s["timeline"]["series"]) == {"n1", "n2", "n3"}
 
@@ -301,8 +305,13 @@ def test_the_cli_prints_a_verdict_writes_a_report_and_exits_1_on_violations(
         "Decision latency histogram",
         "Exclusivity violations (a second consumer holding a group",
         "<details><summary><code>queue=orders",
+        "What happened, in order",
+        "Group stalls",
     ):
         assert title in page
+    # The timeline names the failover at a readable UTC time, with the groups it stalled.
+    when = r"<li><code>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}</code> "
+    assert re.search(when + r"node n3 stopped; [1-9]\d* group\(s\) stalled across it</li>", page)
     assert page.count("<svg") >= 4 and "<script" not in page and "http" not in page
 
 
