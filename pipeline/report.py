@@ -50,7 +50,7 @@ def _bars(labels: list[str], series: dict[str, list[float]], title: str, unit: s
     """A grouped vertical bar chart: one bar per series for each label."""
     if not labels:
         return f"<p class=muted>{_e(title)}: no data</p>"
-    width, height, left, bottom, top = 760, 260, 50, 70, 24
+    width, height, left, bottom, top = 760, 290, 50, 100, 24
     top_value = max((v for vals in series.values() for v in vals), default=0) or 1
     slot = (width - left - 10) / len(labels)
     bar = max(1.0, slot * 0.8 / max(1, len(series)))
@@ -79,7 +79,7 @@ def _bars(labels: list[str], series: dict[str, list[float]], title: str, unit: s
         y = height - bottom + 12
         out.append(
             f'<text x="{x:.1f}" y="{y}" text-anchor="end" '
-            f'transform="rotate(-40 {x:.1f} {y})">{_e(labels[i][:18])}</text>'
+            f'transform="rotate(-40 {x:.1f} {y})">{_e(labels[i][:30])}</text>'
         )
     if len(series) > 1:
         for s, name in enumerate(series):
@@ -187,6 +187,14 @@ def _timeline(stats: dict[str, Any]) -> str:
 def _violations(summary: dict[str, Any]) -> str:
     out = []
     events = summary.get("example_events", {})
+    per_consumer = summary.get("stats", {}).get("per_consumer", [])
+    names = {c["consumer"]: c["name"] for c in per_consumer if c.get("name")}
+
+    def who(consumer: Any) -> Any:
+        """A consumer as an operator knows it: its name, with the id behind it."""
+        name = names.get(consumer)
+        return f"{name} ({consumer})" if name and name != consumer else consumer
+
     for kind, title in TITLES.items():
         count = summary["violations"].get(kind, 0)
         out.append(f"<h3>{_e(title)}: {_num(count)}</h3>")
@@ -196,7 +204,9 @@ def _violations(summary: dict[str, Any]) -> str:
         if count > len(examples):
             out.append(f"<p class=muted>the first {len(examples)} of {_num(count)}</p>")
         for ex in examples:
-            label = ", ".join(f"{k}={v}" for k, v in ex.items() if v is not None)
+            label = ", ".join(
+                f"{k}={who(v) if k == 'consumer' else v}" for k, v in ex.items() if v is not None
+            )
             if kind == "routing":
                 related = events.get(f"group {ex['address']}/{ex['group']}", [])
                 related = [e for e in related if e.get("epoch") == ex.get("epoch")]
@@ -205,10 +215,18 @@ def _violations(summary: dict[str, Any]) -> str:
                 for key in (ex.get("before_key"), ex.get("key")):
                     related += events.get(key, []) if key else []
                 related.sort(key=lambda e: (e.get("ts_ns", 0), e.get("n", 0)))
+            related = [
+                {
+                    **e,
+                    "time": _when(e["ts_ns"]) if e.get("ts_ns") else None,
+                    **({"consumer": who(e["consumer"])} if "consumer" in e else {}),
+                }
+                for e in related
+            ]
             cols = [
                 c
                 for c in (
-                    "ts_ns",
+                    "time",
                     "node",
                     "epoch",
                     "kind",

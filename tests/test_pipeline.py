@@ -394,3 +394,31 @@ async def test_a_real_three_node_cluster_history_is_clean(
     assert kinds["acked"] >= groups * per_group
     assert {n["node"] for n in result.stats["per_node"]} <= {"n1", "n2", "n3"}
     assert pure.check(history) == NONE
+
+
+def test_the_report_names_consumers_and_writes_readable_times() -> None:
+    from pipeline.report import render
+
+    at = 1_795_000_000_123_000_000  # 2026-11-18 11:06:40.123 UTC
+    example = {"key": "orders/g1/3", "consumer": "c-9f2", "group": "g1", "group_seq": 3}
+    event = {"ts_ns": at, "kind": "delivered", "key": "orders/g1/3", "consumer": "c-9f2"}
+    summary = {
+        "verdict": "violations",
+        "violations": {"exclusivity": 1},
+        "examples": {"exclusivity": [example]},
+        "example_events": {"orders/g1/3": [event]},
+        "input": {"directory": "h", "files": 1, "lines": 1},
+        "seconds": 1.0,
+        "warnings": [],
+        "notes": [],
+        "stats": {
+            "per_consumer": [
+                {"node": "n1", "consumer": "c-9f2", "name": "worker-1", "groups": 1, "messages": 3}
+            ],
+            "skew": {},
+        },
+    }
+    page = render(summary)
+    assert "consumer=worker-1 (c-9f2)" in page
+    assert "<td>worker-1 (c-9f2)</td>" in page
+    assert "<td>2026-11-18 11:06:40.123</td>" in page
