@@ -280,13 +280,25 @@ async def test_receiver_killed_mid_transfer_enqueues_nothing_twice(
 ) -> None:
     sender, b = pair
     b.start()
-    bodies = [f"m{i}" for i in range(4000)]
-    await sender.forward(bodies[:2000])
-    # Kill -9 while batches are in flight: some are stored at b but not yet acked to a.
+    bodies: list[str] = []
+
+    async def more(n: int) -> None:
+        batch = [f"m{i}" for i in range(len(bodies), len(bodies) + n)]
+        bodies.extend(batch)
+        await sender.forward(batch)
+
+    await more(2000)
+    # Kill -9 while batches are in flight: some are stored at b but not yet acked to a. A fast
+    # transfer may finish between two looks, so keep it busy until one look catches it.
     bridge = sender.cluster.bridges()["b"]
-    await _until(lambda: 0 < bridge.acked < bridge.sent, "acks with more in flight")
+    deadline = time.monotonic() + WAIT_S
+    while not 0 < bridge.acked < bridge.sent:
+        assert time.monotonic() < deadline, "timed out waiting for acks with more in flight"
+        if bridge.acked and bridge.acked == bridge.sent:
+            await more(500)
+        await asyncio.sleep(0.005)
     b.stop(signal.SIGKILL)
-    await sender.forward(bodies[2000:])
+    await more(2000)
     b.start()
     got = await _consume(b.url, "orders", len(bodies))
     assert _bodies(got) == bodies
