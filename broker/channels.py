@@ -17,15 +17,19 @@ RECONNECT_MAX_MS = 1000
 Options = list[tuple[str, int]]
 
 
-def keepalive(interval_ms: int = KEEPALIVE_MS) -> Options:
-    """A channel pings its server every `interval_ms` and gives up after as long again."""
+def _pings(interval_ms: int) -> Options:
+    """Ping every `interval_ms`, even with no call open, and give up after as long again."""
     return [
         ("grpc.keepalive_time_ms", interval_ms),
         ("grpc.keepalive_timeout_ms", interval_ms),
         ("grpc.http2.ping_timeout_ms", interval_ms),
         ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.max_pings_without_data", 0),
     ]
+
+
+def keepalive(interval_ms: int = KEEPALIVE_MS) -> Options:
+    """A channel pings its server every `interval_ms` and gives up after as long again."""
+    return [*_pings(interval_ms), ("grpc.http2.max_pings_without_data", 0)]
 
 
 def reconnect(max_backoff_ms: int = RECONNECT_MAX_MS) -> Options:
@@ -40,10 +44,7 @@ def reconnect(max_backoff_ms: int = RECONNECT_MAX_MS) -> Options:
 def serve_keepalive(interval_ms: int = KEEPALIVE_MS) -> Options:
     """A server that pings its clients as `keepalive` does, and accepts their pings."""
     return [
-        ("grpc.keepalive_time_ms", interval_ms),
-        ("grpc.keepalive_timeout_ms", interval_ms),
-        ("grpc.http2.ping_timeout_ms", interval_ms),
-        ("grpc.keepalive_permit_without_calls", 1),
+        *_pings(interval_ms),
         ("grpc.http2.min_recv_ping_interval_without_data_ms", interval_ms // 2),
         ("grpc.http2.max_ping_strikes", 0),
     ]

@@ -34,14 +34,15 @@ def node(tmp_path: Path) -> Iterator[NodeProcess]:
         process.kill()
 
 
-def freeze(node: NodeProcess) -> None:
+@contextlib.contextmanager
+def frozen(node: NodeProcess) -> Iterator[None]:
+    """The node stopped (SIGSTOP) inside the block: sockets open, nothing answered."""
     assert node.proc is not None
     os.kill(node.proc.pid, signal.SIGSTOP)
-
-
-def thaw(node: NodeProcess) -> None:
-    assert node.proc is not None
-    os.kill(node.proc.pid, signal.SIGCONT)
+    try:
+        yield
+    finally:
+        os.kill(node.proc.pid, signal.SIGCONT)
 
 
 async def until_it_works(call: Callable[[], Awaitable[object]]) -> float:
@@ -73,14 +74,11 @@ async def test_a_frozen_node_fails_a_send_as_outcome_unknown_instead_of_hanging(
     async with Client(node.url) as client:
         await client.create_queue(queue)
         producer = client.producer(queue)
-        freeze(node)
-        try:
+        with frozen(node):
             async with asyncio.timeout(GUARD_S):  # keepalive ends it within two intervals
                 with pytest.raises(OutcomeUnknown, match="the outcome is unknown") as err:
                     await producer.send("sent into the freeze")
             assert err.value.code == "UNAVAILABLE"
-        finally:
-            thaw(node)
         await until_it_works(lambda: producer.send("after the thaw"))
         bodies = await drained(client, queue)
     # The first send's outcome was unknown: here it was in fact enqueued before the freeze
@@ -93,15 +91,12 @@ async def test_a_call_past_its_deadline_is_outcome_unknown(node: NodeProcess) ->
     queue = unique("deadline")
     async with Client(node.url, call_timeout=0.5) as client:
         await client.create_queue(queue)
-        freeze(node)
-        try:
+        with frozen(node):
             with pytest.raises(OutcomeUnknown, match="in time: the outcome is unknown") as err:
                 await client.queues()
             assert err.value.code == "DEADLINE_EXCEEDED"
             with pytest.raises(OutcomeUnknown, match=r"within 0\.5 s"):
                 await client.producer(queue).send_many(["a", "b"], batch_size=1)
-        finally:
-            thaw(node)
 
 
 async def test_a_client_outlives_a_30_s_outage_and_is_told_nothing_was_sent_meanwhile(
