@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import statistics
@@ -51,8 +52,9 @@ def grpc_default_channels() -> Iterator[None]:
         client_connection.CHANNEL_OPTIONS = options
 
 
-async def baseline_client(url: str) -> Client:
-    with grpc_default_channels():
+async def connected(url: str, grpc_defaults: bool = False) -> Client:
+    """A connected client: pinmq's channel options, or gRPC's defaults (the baseline)."""
+    with grpc_default_channels() if grpc_defaults else contextlib.nullcontext():
         client = Client(url)
         await client.connect()
     return client
@@ -73,8 +75,7 @@ async def keep_sending(client: Client, queue: str, ok_at: list[float], stop: asy
 async def outage_round(node: NodeProc, outage_s: float, guard_s: float) -> dict[str, float]:
     """Seconds from the node serving again to each client's first successful send."""
     queue = f"outage-{uuid.uuid4().hex[:6]}"
-    ours, theirs = Client(node.url), await baseline_client(node.url)
-    await ours.connect()
+    ours, theirs = await connected(node.url), await connected(node.url, grpc_defaults=True)
     await ours.create_queue(queue)
     stop = asyncio.Event()
     ok: dict[str, list[float]] = {"pinmq options": [], "gRPC defaults": []}
@@ -111,9 +112,7 @@ async def outage_round(node: NodeProc, outage_s: float, guard_s: float) -> dict[
 
 async def frozen_send(url: str, pid: int, baseline: bool, guard_s: float) -> float:
     """Seconds until a send into a frozen node fails (inf: not within the guard)."""
-    client = await baseline_client(url) if baseline else Client(url)
-    if not baseline:
-        await client.connect()
+    client = await connected(url, grpc_defaults=baseline)
     queue = f"frozen-{uuid.uuid4().hex[:6]}"
     await client.create_queue(queue)
     os.kill(pid, signal.SIGSTOP)

@@ -75,22 +75,18 @@ def tail(path: Path, lines: int = 40) -> str:
         return ""
 
 
-def install_sigterm() -> None:
-    """SIGTERM and Ctrl-C both raise KeyboardInterrupt, so every `finally` runs."""
+def run_main(body: Callable[[], bool | int]) -> NoReturn:
+    """Run a benchmark's body, SIGTERM acting as Ctrl-C, and exit with its outcome.
+
+    True -> 0, False -> 1, an int -> itself; 130 when interrupted (SIGTERM too, so that
+    every `finally` runs and every process the body started is stopped).
+    """
 
     def on_term(_sig: int, _frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with it ignored
-
-
-def run_main(body: Callable[[], bool | int]) -> NoReturn:
-    """Run a benchmark's body, SIGTERM acting as Ctrl-C, and exit with its outcome.
-
-    True -> 0, False -> 1, an int -> itself; 130 when interrupted.
-    """
-    install_sigterm()
     try:
         outcome = body()
     except KeyboardInterrupt:
