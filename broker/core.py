@@ -156,8 +156,11 @@ class BrokerCore:
         headers: dict[str, str],
         persistent: bool,
         now_ns: int,
+        delivery_count: int = 0,
     ) -> tuple[int | None, Effects]:
         """Enqueue into one named queue, bypassing address routing (forwarded messages).
+
+        `delivery_count`: deliveries the message already had on another node (a moved group).
 
         Another node already chose `queue` as the target, so only that queue may take the
         message. A missing queue is created on `address` per address-settings; where those
@@ -185,6 +188,7 @@ class BrokerCore:
             headers=headers,
             persistent=persistent and q.settings.durable,
             enqueued_ns=now_ns,
+            delivery_count=delivery_count,
         )
         fx.added.append(m)
         q.enqueue(m, now_ns, fx)
@@ -256,6 +260,21 @@ class BrokerCore:
         """Take a queue's pending ungrouped messages out (see `Queue.take_ungrouped`)."""
         fx = Effects()
         return self.queue(queue).take_ungrouped(fx), fx
+
+    def hold_group(self, queue: str, group: str) -> None:
+        """Deliver nothing more of a group until `unhold_group` (see `Queue.hold`)."""
+        self.queue(queue).hold(group)
+
+    def unhold_group(self, queue: str, group: str, now_ns: int) -> Effects:
+        return self._on_queue(queue, lambda q, fx: q.unhold(group, now_ns, fx), now_ns)
+
+    def take_group(self, queue: str, group: str) -> tuple[list[Message], Effects]:
+        """Take a held group's waiting messages out (see `Queue.take_group`)."""
+        fx = Effects()
+        try:
+            return self.queue(queue).take_group(group, fx), fx
+        except QueueError as err:
+            raise InvalidRequest(str(err)) from None
 
     def tick(self, now_ns: int) -> Effects:
         fx = Effects()

@@ -35,7 +35,9 @@ class NoSuchGroup(QueueError):
 class _Group:
     """Kept small on purpose: one of these lives for every pinned group, idle or not."""
 
-    __slots__ = ("detach", "fresh", "key", "last_use_ns", "outstanding", "owner", "pending", "slot")
+    __slots__ = (
+        "detach", "fresh", "held", "key", "last_use_ns", "outstanding", "owner", "pending", "slot",
+    )  # fmt: skip
 
     def __init__(self, key: str) -> None:
         self.key = key
@@ -45,6 +47,7 @@ class _Group:
         self.last_use_ns = 0
         self.detach = False  # unpin once nothing is outstanding; deliver nothing meanwhile
         self.fresh = False  # next delivery is the first its owner gets of the group
+        self.held = False  # deliver nothing until the node knows the group is bound here
         self.slot: deque[_Group] | None = None  # the run queue this group is in, if any
 
 
@@ -105,6 +108,10 @@ class Queue:
             )
             for g in self._groups.values()
         ]
+
+    def has_group(self, group: str) -> bool:
+        """The group has messages here (waiting or at a consumer) or an owner."""
+        return group in self._groups
 
     def consumer_groups(self, consumer_id: str) -> list[str]:
         return sorted(g.key for g in self._consumer(consumer_id).groups)
@@ -245,6 +252,56 @@ class Queue:
         fx.removed += taken
         return taken
 
+    def hold(self, group: str) -> None:
+        """Deliver nothing more of `group` (created empty if new) until `unhold`.
+
+        The clustered node holds a group whose binding it has not confirmed (after a restart,
+        a removal, or for forwarded messages of a group it has not heard of): if the group is
+        bound elsewhere, its messages must move there instead of reaching a consumer here.
+        Messages already delivered stay with their consumer.
+        """
+        g = self._groups.get(group)
+        if g is None:
+            g = self._groups[group] = _Group(group)
+        g.held = True
+        g.slot = None  # its entry in a run queue goes stale
+
+    def unhold(self, group: str, now_ns: int, fx: Effects) -> None:
+        """The group is bound here after all: dispatch it again."""
+        g = self._groups.get(group)
+        if g is None or not g.held:
+            return
+        g.held = False
+        if g.pending is not None:
+            self._schedule(g)
+        elif g.outstanding == 0 and g.owner is None:
+            del self._groups[group]
+        self._pump(now_ns, fx)
+
+    def held_waiting(self, group: str) -> bool:
+        """The group is on hold with messages waiting (one came back from a consumer)."""
+        g = self._groups.get(group)
+        return g is not None and g.held and g.pending is not None
+
+    def take_group(self, group: str, fx: Effects) -> list[Message]:
+        """Remove a held group's waiting messages, in order, to move them to another node.
+
+        Messages still at a consumer stay; if one comes back it waits, held, for the next move.
+        Raises QueueError unless the group is held: a dispatching group never moves.
+        """
+        g = self._groups.get(group)
+        if g is None or not g.held:
+            raise QueueError(f"group {group!r} of queue {self.name!r} is not on hold")
+        taken = list(g.pending or ())
+        g.pending = None
+        self._pending -= len(taken)
+        fx.removed += taken
+        if g.outstanding == 0:
+            if g.owner is not None:
+                g.owner.groups.discard(g)
+            del self._groups[group]
+        return taken
+
     def tick(self, now_ns: int, fx: Effects) -> None:
         """Lets delay-before-dispatch expire."""
         if not self._started and self._pending:
@@ -374,7 +431,7 @@ class Queue:
         return None
 
     def _push(self, run: deque[_Group], g: _Group, c: _Consumer | None) -> None:
-        if g.slot is run:
+        if g.slot is run or g.held:
             return
         g.slot = run
         run.append(g)

@@ -369,3 +369,56 @@ def test_delay_before_dispatch_starts_after_the_delay_with_fewer_consumers() -> 
     assert to(fx, "c1") == [1, 2]
     _, fx = h.send("B")  # dispatch has started for good
     assert to(fx, "c1") == [3]
+
+
+# ---- held groups (a clustered node that has not confirmed a group's binding) ---------------
+
+
+def test_held_group_delivers_nothing_while_other_groups_flow() -> None:
+    h = Harness()
+    h.sub("c1")
+    h.q.hold("A")
+    a1, fx = h.send("A")
+    assert to(fx, "c1") == []
+    b1, fx = h.send("B")
+    assert to(fx, "c1") == [b1.msg_id]
+    fx = h._run(h.q.unhold, "A")
+    assert to(fx, "c1") == [a1.msg_id]
+
+
+def test_take_group_removes_the_waiting_messages_in_order_and_forgets_the_group() -> None:
+    h = Harness()
+    h.q.hold("A")
+    sent = [h.send("A")[0] for _ in range(3)]
+    h.send("B")
+    fx = Effects()
+    taken = h.q.take_group("A", fx)
+    assert [m.msg_id for m in taken] == [m.msg_id for m in sent]
+    assert fx.removed == taken
+    assert not h.q.has_group("A") and h.q.depth == 1
+    h.sub("c1")
+    assert h.held_by("c1") == [sent[-1].msg_id + 1]  # only B is left
+
+
+def test_take_group_refuses_a_group_that_is_not_held() -> None:
+    h = Harness()
+    h.send("A")
+    with pytest.raises(QueueError, match="not on hold"):
+        h.q.take_group("A", Effects())
+
+
+def test_holding_a_group_leaves_its_delivered_messages_and_holds_what_comes_back() -> None:
+    h = Harness()
+    h.sub("c1", prefetch=1)
+    a1, _ = h.send("A")
+    a2, _ = h.send("A")
+    assert h.held_by("c1") == [a1.msg_id]
+    h.q.hold("A")
+    fx = Effects()
+    assert [m.msg_id for m in h.q.take_group("A", fx)] == [a2.msg_id]
+    assert h.q.has_group("A")  # a1 is still at c1
+    fx = h.release("c1", h.ids("c1"))
+    assert to(fx, "c1") == []  # back, held: not delivered again here
+    assert h.q.held_waiting("A")
+    assert [m.msg_id for m in h.q.take_group("A", Effects())] == [a1.msg_id]
+    assert not h.q.has_group("A")

@@ -19,6 +19,7 @@ from broker.queue import Queue
 
 CONSUMERS = ["c0", "c1", "c2", "c3"]
 GROUPS = ["g0", "g1", "g2", "g3", "g4", None]
+HOLDABLE = ["g0", "g1", "dflt", "bucket-0"]  # group keys, with buckets and the default group
 
 queue_settings = st.builds(
     QueueConfig,
@@ -58,6 +59,8 @@ class QueueMachine(RuleBasedStateMachine):
             m = d.message
             assert d.consumer_id in self.held, "delivered to a consumer that is not subscribed"
             self._check_in_order(d.consumer_id, m)
+            group = self.q._groups.get(m.group) if m.group is not None else None
+            assert group is None or not group.held, f"held group {m.group} delivered"
             self.held[d.consumer_id][d.delivery_id] = m.msg_id
             self.deliveries_seen += 1
 
@@ -159,6 +162,29 @@ class QueueMachine(RuleBasedStateMachine):
         self.q.reset_groups(group, self.now, fx)
         self._apply(fx)
 
+    @rule(key=st.sampled_from(HOLDABLE))
+    def hold(self, key: str) -> None:
+        """A clustered node holds a group it has not confirmed (cluster/claims.py)."""
+        self.q.hold(key)
+
+    @rule(key=st.sampled_from(HOLDABLE))
+    def unhold(self, key: str) -> None:
+        fx = Effects()
+        self.q.unhold(key, self.now, fx)
+        self._apply(fx)
+
+    @rule(key=st.sampled_from(HOLDABLE))
+    def take(self, key: str) -> None:
+        """A held group's waiting messages move to another node: they leave for good."""
+        if not self.q.held_waiting(key):
+            return
+        fx = Effects()
+        taken = self.q.take_group(key, fx)
+        assert taken and all(self.key_of[m.msg_id] == key for m in taken)
+        positions = [self.order[m.msg_id] for m in taken]
+        assert positions == sorted(positions), "a group's messages left out of order"
+        self._apply(fx)
+
     @rule(ms=st.integers(min_value=1, max_value=100))
     def tick(self, ms: int) -> None:
         self.now += ms * 1_000_000
@@ -207,6 +233,8 @@ class QueueMachine(RuleBasedStateMachine):
         for info in self.q.groups():
             if info.pending == 0:
                 continue
+            if self.q._groups[info.group].held:
+                continue  # waits for its binding to be confirmed, on purpose
             if info.owner is None:
                 raise AssertionError(f"unowned group {info.group} waits beside free credit")
             detached = self.q._groups[info.group].detach
@@ -216,6 +244,10 @@ class QueueMachine(RuleBasedStateMachine):
         """Liveness: a fresh consumer that acks everything drains the queue completely."""
         if not hasattr(self, "q"):
             return
+        for key in HOLDABLE:
+            fx = Effects()
+            self.q.unhold(key, self.now, fx)
+            self._apply(fx)
         for consumer in list(self.held):
             del self.held[consumer]
             fx = Effects()
