@@ -21,7 +21,8 @@ Schema (one object per line; a key whose value would be null is left out):
 | `ts_ns` | int | wall clock (ns) when the event happened |
 | `node` | str | node id; for client events the `host:port` the client was connected to |
 | `epoch` | int | `routed` by a group's binding, `unbound`: the arbiter epoch of that binding |
-| `kind` | str | node: `sent` `routed` `delivered` `acked` `released` `rejected` `unbound`; |
+| `kind` | str | node: `sent` `routed` `delivered` `acked` `released` `rejected` `unbound` |
+| | | `moved`; |
 | | | client: `client_sent` `client_received` `client_acked` |
 | `msg_id` | int | the message id on that node (a forwarded message gets a new one) |
 | `address`, `queue` | str | where the message was sent / which queue held it |
@@ -30,10 +31,11 @@ Schema (one object per line; a key whose value would be null is left out):
 | `producer` | str | producer id of an auditing client (from `mid`) |
 | `consumer` | str | consumer id (as assigned by the node) |
 | `delivery_count` | int | `delivered` / `client_received`: this delivery's count (1 = first); |
-| | | `released` / `rejected`: the deliveries the message had had |
+| | | `released` / `rejected` / `moved`: the deliveries the message had had |
 | `mid` | str | end-to-end id `<producer>/<n>` from the `pinmq-mid` header (extension) |
 | `n` | int | the writer's event sequence number, orders events with equal `ts_ns` (extension) |
-| `target` | str | `routed`: chosen `queue@node`; `unbound`: the binding's (extension) |
+| `target` | str | `routed`: chosen `queue@node`; `unbound`: the binding's; `moved`: where |
+| | | the message went (extension) |
 | `new_proposal` | bool | `routed` with a group: this node proposed a route for the group and |
 | | | awaited the decision, as its cache or arbiter did not know it (extension) |
 | `decision_ns` | int | `routed` with a new proposal: time to get the decision (extension) |
@@ -49,7 +51,10 @@ queue on a clustered address, grouped (`group`, `epoch`, `new_proposal`) or not;
 message's `sent` follows, in the target queue or in the store-and-forward queue (`$sf.`)
 that carries it to `target`'s node, with the same `msg_id`. `unbound` (an extension) is
 written by the LOCAL node when a binding is removed (`group`, `queue`, `target`, `epoch`,
-`reason`): the group may then be bound again, elsewhere, within the same epoch.
+`reason`): the group may then be bound again, elsewhere, within the same epoch. `moved` (an
+extension) is written by a node that held a group it found bound elsewhere (after a restart,
+or a removal of its binding) and sent the group's waiting messages on to `target`
+(`cluster/claims.py`); each arrives there as a new `sent` with the same `mid`.
 """
 
 from __future__ import annotations
@@ -91,15 +96,15 @@ SEGMENT_BYTES = 64 * 1024 * 1024
 FLUSH_MS = 100
 BATCH_ENTRIES = 5_000  # wake the writer early once this many entries (or Effects' kinds) wait
 COMMON_CACHE = 200_000  # formatted message keys kept for the message's later events
-NODE_KINDS = ("sent", "routed", "delivered", "acked", "released", "rejected", "unbound")
+NODE_KINDS = ("sent", "routed", "delivered", "acked", "released", "rejected", "unbound", "moved")
 CLIENT_KINDS = ("client_sent", "client_received", "client_acked")
 KINDS = NODE_KINDS + CLIENT_KINDS
 SEGMENT_RE = re.compile(r"^(?P<writer>.+)-(?P<boot>\d+)-(?P<k>\d+)\.jsonl$")
 
 # Queue entries: (kind, ts_ns, items) for node events from one Effects (`effects` has the items
-# of each kind), ("routed", ts_ns, (fields of `routed`)), (kind, ts_ns, {key: value}) for the
-# rest (`record`).
-_SENT, _ROUTED, _DELIVERED, _ACKED, _RELEASED, _REJECTED, _ = NODE_KINDS
+# of each kind), ("routed", ts_ns, (fields of `routed`)), ("moved", ts_ns, (messages, target)),
+# (kind, ts_ns, {key: value}) for the rest (`record`).
+_SENT, _ROUTED, _DELIVERED, _ACKED, _RELEASED, _REJECTED, _, _MOVED = NODE_KINDS
 _enc = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]
 STRINGS_CACHE = 10_000  # JSON forms of names (queues, consumers, groups) kept between batches
 
@@ -234,6 +239,16 @@ class AuditLog:
         if len(self._queue) >= BATCH_ENTRIES:
             self._wake.set()
 
+    def moved(self, messages: Sequence[Any], target: str) -> None:
+        """A held group's messages left this node for the group's binding `target` (queue@node).
+
+        Called before the messages are forwarded; they keep their `mid`, so the checker can
+        tell the order change this causes (older messages after newer ones) from a violation.
+        """
+        self._queue.append((_MOVED, time.time_ns(), (tuple(messages), target)))
+        if len(self._queue) >= BATCH_ENTRIES:
+            self._wake.set()
+
     def record(self, kind: str, **fields: Any) -> None:
         """Any other event (client events): keys as in the schema; None values are left out."""
         self._queue.append((kind, fields.pop("ts_ns", None) or time.time_ns(), fields))
@@ -331,6 +346,14 @@ class AuditLog:
                     add(
                         f'{pre}{mk},"consumer":{js[consumer]},'
                         f'"delivery_count":{delivery_count},"n":{n}}}\n'
+                    )
+            elif kind is _MOVED:
+                msgs, target = items
+                for m in msgs:
+                    n += 1
+                    add(
+                        f'{pre}{keys(m)},"target":{js[target]},'
+                        f'"delivery_count":{m.delivery_count},"n":{n}}}\n'
                     )
             elif kind is _ACKED:
                 for m in items:

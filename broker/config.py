@@ -212,6 +212,9 @@ class GroupingHandlerSection(Strict):
     timeout: int = Field(default=5000, gt=0)
     group_timeout: int = Field(default=-1, ge=-1)
     reaper_period: int = Field(default=30000, gt=0)
+    # LOCAL only: ms a binding's instance may be missing (its node down or cut off) before the
+    # binding goes and the group may be bound elsewhere; -1 (default): never, its messages wait.
+    rebind_absent_after: int = Field(default=-1, ge=-1)
 
     def covers(self, address: str) -> bool:
         return address.startswith(self.address)

@@ -213,8 +213,8 @@ class ClusterAdministration:
         """Unbind a group at the LOCAL handler; CoreError (with a gRPC code) when it cannot.
 
         Refused, unless `force`, while the group is bound to a node that is not connected:
-        messages of the group wait there and in store-and-forward toward it, and would reach
-        a consumer after (and possibly alongside) the group's newer ones at its next binding.
+        messages of the group wait there and in store-and-forward toward it, and follow the
+        group to its next binding when that node returns: after the group's newer messages.
         """
         if self.handler is None:
             raise AdminRefused("failed_precondition", "this node has no grouping handler")
@@ -228,8 +228,8 @@ class ClusterAdministration:
                         "failed_precondition",
                         f"group {group} is bound to {', '.join(away)}, which is not connected: "
                         "its messages wait for that node; force moves the group anyway, and "
-                        "the messages waiting for it are then delivered when it returns, after "
-                        "and possibly alongside the group's newer messages",
+                        "the messages waiting for that node follow the group when it returns, "
+                        "after the group's newer messages",
                     )
             return await self.handler.unbind(group, queue)
         except HandlerUnavailable as err:

@@ -38,6 +38,24 @@ from pinmq_pb import cluster_pb2_grpc as pb_grpc
 log = logs.get("cluster")
 
 
+class Admission(Protocol):
+    """Where a forwarded message goes on arrival (`cluster/claims.py`)."""
+
+    def admit(
+        self,
+        queue: str,
+        address: str,
+        body: bytes,
+        headers: dict[str, str],
+        persistent: bool,
+        delivery_count: int,
+        now_ns: int,
+    ) -> tuple[int | None, Effects]:
+        """Enqueue it here (its group held if its binding here is unconfirmed), or move it on
+        to the node its group is bound to now; as `BrokerCore.deliver_to`."""
+        ...
+
+
 class BridgeHost(Protocol):
     """What forwarding needs of the cluster node that runs it (`cluster/node.py`)."""
 
@@ -46,6 +64,7 @@ class BridgeHost(Protocol):
     store_id: int
     config: ClusterSection
     stopping: bool
+    admission: Admission | None
 
     async def reachable(self, node_id: str) -> str: ...
 
@@ -53,6 +72,7 @@ class BridgeHost(Protocol):
 
 
 FORWARD_HEADER = "_pinmq_fwd"  # SF queue: the target queue; at the receiver: "origin:seq"
+COUNT_HEADER = "_pinmq_dc"  # SF queue: deliveries a moved message already had (absent: 0)
 PREFETCH = 500  # forwarded messages in flight per peer, unacknowledged by it
 BATCH_BYTES = 1 << 20  # a ForwardBatch is cut after this many body bytes
 SF_PREFIX = "$sf."
@@ -99,12 +119,19 @@ class ForwardReceiver:
             top = m.seq
             headers = {k: m.headers[k] for k in m.headers}
             headers[FORWARD_HEADER] = f"{batch.origin}:{m.seq}"
+            count = _count(headers.pop(COUNT_HEADER, None))
+            admission = self.cluster.admission
             try:
                 if m.queue.startswith(SF_PREFIX):  # would forward it on: max-hops is 1
                     raise CoreError(f"{m.queue!r} is an internal queue")
-                msg_id, more = core.deliver_to(
-                    m.queue, m.address, m.body, headers, m.persistent, now
-                )
+                if admission is None:
+                    msg_id, more = core.deliver_to(
+                        m.queue, m.address, m.body, headers, m.persistent, now, count
+                    )
+                else:
+                    msg_id, more = admission.admit(
+                        m.queue, m.address, m.body, headers, m.persistent, count, now
+                    )
             except CoreError as err:
                 self.dropped += 1
                 log.error(
@@ -163,6 +190,13 @@ class ForwardReceiver:
 
 class _Misrouted(Exception):
     pass
+
+
+def _count(raw: str | None) -> int:
+    try:
+        return max(0, int(raw)) if raw else 0
+    except ValueError:
+        return 0
 
 
 # ---- sending --------------------------------------------------------------------------------

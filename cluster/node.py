@@ -22,9 +22,11 @@ from broker import logs
 from broker.config import ClusterSection
 from broker.effects import Effects
 from cluster.bridge import (
+    COUNT_HEADER,
     FORWARD_HEADER,
     SF_PREFIX,
     SF_SETTINGS,
+    Admission,
     Bridge,
     ForwardReceiver,
     sf_queue,
@@ -61,6 +63,7 @@ class ClusterNode:
         self.topology = Topology(self.node_id)
         self.router = Router()
         self.receiver = ForwardReceiver(self)
+        self.admission: Admission | None = None  # set by the node when grouping is on
         self.store_id = 0
         self._incarnation = time.time_ns()
         self._version = 0
@@ -178,20 +181,24 @@ class ClusterNode:
         headers: dict[str, str],
         persistent: bool,
         now_ns: int,
+        delivery_count: int = 0,
     ) -> Effects:
         """Enqueue a message for `queue@node_id` into that node's SF queue (created on demand).
 
         Hand the Effects to `LocalNode.apply` and await its write before acknowledging the send;
         the message's id is `fx.added[-1].msg_id`. The bridge to the node starts if needed.
+        `delivery_count`: deliveries it already had here (a moved group), so it stays flagged
+        as a redelivery there.
         """
         if node_id == self.node_id:
             raise ValueError("forward() is for other nodes; enqueue local messages directly")
         core = self.node.core
         name = sf_queue(self.config.name, node_id)
         fx = core.ensure_internal_queue(name, SF_SETTINGS)
-        _, more = core.deliver_to(
-            name, address, body, {**headers, FORWARD_HEADER: queue}, persistent, now_ns
-        )
+        headers = {**headers, FORWARD_HEADER: queue}
+        if delivery_count:
+            headers[COUNT_HEADER] = str(delivery_count)
+        _, more = core.deliver_to(name, address, body, headers, persistent, now_ns)
         fx.merge(more)
         self._bridge(node_id)
         return fx

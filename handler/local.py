@@ -12,8 +12,9 @@ pushed to every `Removals` stream and to the `on_removed` callbacks.
 
 A binding stays while its instance is absent (its node down, or not yet heard of after a
 restart): the group's messages wait for that node, in order, and never move behind its back.
-Only with an absent timeout (`absent_timeout_ms`, -1 = never, the default) does the reaper task
-drop bindings to instances missing for longer than that.
+Only with `rebind-absent-after` set (ms; -1 = never, the default) does the reaper task drop
+bindings to instances missing for longer than that; the returning node then finds those
+groups bound elsewhere and moves their messages there (`cluster/claims.py`).
 """
 
 from __future__ import annotations
@@ -95,13 +96,12 @@ class LocalHandler(GroupingHandler):
         *,
         epoch: int = 1,
         clock: Callable[[], int] = time.time_ns,
-        absent_timeout_ms: int = -1,
     ) -> None:
         super().__init__()
         self.config = config
         self.node_id = node_id
         self.path = Path(data_dir) / FILE_NAME
-        self.arbiter = Arbiter(epoch, config.group_timeout, absent_timeout_ms)
+        self.arbiter = Arbiter(epoch, config.group_timeout, config.rebind_absent_after)
         self._clock = clock  # wall clock: last uses are listed as unix times
         self._store: BindingStore | None = None
         self._pending: dict[Key, asyncio.Future[None]] = {}  # key -> write of its new binding

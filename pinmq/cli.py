@@ -350,10 +350,10 @@ async def _warn_forced_move(client: Client, group: str, queue: str | None) -> No
         if g.bound and g.node in away:
             print(
                 f"warning: {group} is bound to {g.queue}@{g.node}, which is not connected. Its "
-                f"messages held on {g.node}, and in store-and-forward toward it, stay there and "
-                f"are delivered when {g.node} returns: after the group's newer messages, and "
-                "possibly while another consumer holds the group. Order and one consumer per "
-                "group are not kept across this move.",
+                f"messages held on {g.node}, and in store-and-forward toward it, wait until "
+                f"{g.node} returns; {g.node} then sends them on to the group's new binding, "
+                "where they arrive after the group's newer messages (audited as moved). The "
+                "group's order is not kept across this move.",
                 file=sys.stderr,
             )
 

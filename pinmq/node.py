@@ -24,6 +24,7 @@ from broker.engine import Engine, StartupError
 from broker.readiness import Readiness, assess
 from broker.sending import LocalSendPath, SendPath
 from cluster.admin import ClusterAdministration
+from cluster.claims import GroupClaims
 from cluster.node import ClusterNode
 from cluster.sending import ClusteredSendPath
 from cluster.topology import Topology
@@ -72,6 +73,7 @@ class Node:
         self.sending: SendPath = LocalSendPath(engine.core)
         self.cluster: ClusterNode | None = None  # set by start() when `cluster` is configured
         self.handler: GroupingHandler | None = None  # set with the cluster, if configured
+        self.claims: GroupClaims | None = None  # with a grouping handler
         self.problems: list[str] = []  # cluster misconfigurations, as last seen
         self._problems_logged: list[str] = []
         self._quiet_until = 0.0  # problems are logged from then on (peers need time to link)
@@ -135,6 +137,8 @@ class Node:
         self._serving = False
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
+        if self.claims is not None:
+            await self.claims.stop()
         if self.handler is not None:  # first: it ends its Removals streams on the cluster server
             await self.handler.stop()
         if self.cluster is not None:
@@ -159,6 +163,11 @@ class Node:
         self.cluster = cluster = ClusterNode(engine)
         self.handler = make_handler(self.config, cluster.locate_local_handler)
         self.sending = ClusteredSendPath(engine, cluster, self.handler)
+        grouping = self.config.grouping_handler
+        if self.handler is not None and grouping is not None:
+            self.claims = GroupClaims(engine, cluster, self.handler, grouping)
+            cluster.admission = self.claims
+            self.claims.hold_restored()  # before any consumer can subscribe
         engine.observers.append(_ClusterObserver(self))
 
     async def _start_cluster(self) -> None:
@@ -173,6 +182,9 @@ class Node:
                 raise StartupError(str(err)) from None
             cluster.add_servicer(handler.add_to_server)
             handler.on_removed(self._binding_removed)
+            if self.claims is not None:
+                handler.on_removed(self.claims.removed)
+                self.claims.start()
             if self.config.grouping_handler.type == "LOCAL":  # type: ignore[union-attr]
                 cluster.on_instances_changed(self._report_instances)
                 if self.engine.audit is not None:

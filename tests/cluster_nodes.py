@@ -39,6 +39,7 @@ def grouping(
     timeout: int = 5000,
     group_timeout: int = -1,
     reaper_period: int = 30000,
+    rebind_absent_after: int = -1,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """A spec: the first node LOCAL, the others REMOTE, the same grouping settings everywhere."""
@@ -50,6 +51,7 @@ def grouping(
                 "timeout": timeout,
                 "group-timeout": group_timeout,
                 "reaper-period": reaper_period,
+                "rebind-absent-after": rebind_absent_after,
             },
             **(extra or {}),
         }

@@ -29,7 +29,8 @@ import pytest
 from cluster_nodes import NODES, ClusterNodes, create_everywhere, grouping
 from conftest import PINMQ, unique
 
-from broker.client import Client, PinmqError, Received
+from broker.audit import read_events
+from broker.client import Client, PinmqError, Producer, Received
 
 TIMEOUT_MS = 500  # the grouping handler's decision timeout
 GROUPS = 24
@@ -39,9 +40,12 @@ WAIT_S = 60.0
 
 
 @pytest.fixture
-def drill(tmp_path: Path) -> Iterator[Drill]:
+def drill(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Drill]:
+    """The cluster (grouping settings from a `grouping` marker, else the shipped defaults)."""
     audit = {"audit": {"enabled": True, "flush-ms": 20}}
-    spec = grouping(NODES, timeout=TIMEOUT_MS, extra=audit)
+    marker = request.node.get_closest_marker("grouping")
+    settings = marker.kwargs if marker is not None else {}
+    spec = grouping(NODES, timeout=TIMEOUT_MS, extra=audit, **settings)
     (tmp_path / "nodes").mkdir()
     nodes = ClusterNodes(tmp_path / "nodes", spec)
     try:
@@ -101,6 +105,7 @@ class Drill:
         self.workers: dict[str, Worker] = {}
         self.clients: list[Client] = []
         self.confirmed: set[bytes] = set()  # bodies whose send the node confirmed
+        self.producers: dict[int, tuple[Client, Producer]] = {}  # group -> sender, with `keep`
 
     async def start(self) -> None:
         await create_everywhere(self.nodes, self.queue)
@@ -116,9 +121,14 @@ class Drill:
         worker.task = asyncio.create_task(worker.run(client, self.queue, self.drain))
         return worker
 
-    async def send(self, turns: range, via: tuple[str, ...] = ("n1", "n2")) -> None:
+    async def send(
+        self, turns: range, via: tuple[str, ...] = ("n1", "n2"), keep: bool = False
+    ) -> None:
         """Every group's messages of `turns`, the groups concurrently, through the nodes of
-        `via` in turn. A send that fails is left out (what the node confirmed counts)."""
+        `via` in turn. A send that fails is left out (what the node confirmed counts).
+
+        `keep`: each group's producer (and its client) stays for the next `keep` send, so one
+        producer's sequence spans the calls (the checker compares order per producer)."""
 
         async def group(g: int) -> None:
             node_id = via[g % len(via)]
@@ -130,10 +140,21 @@ class Drill:
                 self.confirmed.update(bodies[done : done + n])
                 done += n
 
-            async with Client(self.nodes.url(node_id), audit=self.clients_dir) as sender:
-                producer = sender.producer(self.queue, group_id=f"g{g:02d}")
+            kept = self.producers.get(g)
+            if kept is None:
+                sender = Client(self.nodes.url(node_id), audit=self.clients_dir)
+                await sender.connect()
+                kept = (sender, sender.producer(self.queue, group_id=f"g{g:02d}"))
+                if keep:
+                    self.producers[g] = kept
+                    self.clients.append(sender)  # closed with the drill
+            sender, producer = kept
+            try:
                 with contextlib.suppress(PinmqError):
                     await producer.send_many(bodies, batch_size=5, on_sent=sent)
+            finally:
+                if not keep:
+                    await sender.close()
 
         await asyncio.gather(*(group(g) for g in range(GROUPS)))
 
@@ -213,6 +234,70 @@ async def test_a_remote_node_killed_with_messages_out_comes_back_without_breakin
     assert failover["groups_stalled"] >= 1
     assert failover["group_gap_ms"] >= away_ms, (failover, away_ms)
     assert stats["stalls"]["longest"][0]["gap_ms"] >= away_ms
+
+
+@pytest.mark.grouping(rebind_absent_after=TIMEOUT_MS)
+async def test_with_rebind_absent_after_a_returning_node_moves_its_groups_to_their_new_binding(
+    drill: Drill, tmp_path: Path
+) -> None:
+    """The opt-in trade: n3's groups are bound elsewhere while it is away and flow there; when
+    n3 returns, what it held of them (and what waited for it in store-and-forward) follows
+    them, audited as `moved`. Order changes are accepted; nothing is lost or doubled, and no
+    group is ever at two consumers."""
+    nodes = drill.nodes
+    await drill.start()
+    try:
+        await drill.send(range(PER_GROUP // 3), keep=True)
+        n3 = drill.workers["worker-n3"]
+        async with asyncio.timeout(WAIT_S):
+            while len(n3.held) < HOLD:
+                await asyncio.sleep(0.02)
+        nodes.stop("n3", signal.SIGKILL)
+        with pytest.raises(PinmqError):
+            await n3.task  # type: ignore[misc]
+        await drill.send(range(PER_GROUP // 3, PER_GROUP // 2), keep=True)  # wait for n3, in SF
+        await asyncio.sleep(3 * TIMEOUT_MS / 1000)  # n3's bindings go
+        await drill.send(range(PER_GROUP // 2, PER_GROUP), keep=True)  # bound on n1 / n2 now
+        assert len(drill.confirmed) == GROUPS * PER_GROUP
+        nodes.start("n3")
+        await drill.start_worker("n3", "worker-n3-again")
+        drill.drain.set()
+        await drill.all_acked()
+    finally:
+        await drill.close()
+    back = drill.workers["worker-n3-again"]
+    stats = await drill.verdict(tmp_path / "report")
+    moved = stats["moved"]
+    # What n3 held when killed (its consumer's unacked messages at least) moved, each with
+    # its delivery count, and the order changes that made are counted as accepted.
+    assert moved["messages"] >= HOLD and moved["groups"] >= 1, moved
+    assert moved["delivered_before"] >= HOLD, moved
+    assert moved["order_changes_accepted"] >= 1, moved
+    assert stats["events"]["moved"] == moved["messages"]
+    removed = [c for c in stats["binding_changes"] if c["kind"] == "unbound"]
+    assert [(c["target"].rpartition("@")[2], c["reason"]) for c in removed] == [
+        ("n3", "instance-absent")
+    ], removed
+    # A moved message that had been delivered on n3 is a redelivery where it arrives.
+    events: dict[str, list[dict[str, Any]]] = {}
+    for segment in sorted(drill.history.glob("n*/*.jsonl")):
+        for e in read_events(segment):
+            if e.get("mid") and e.get("queue") == drill.queue:
+                events.setdefault(e["mid"], []).append(e)
+    redelivered = 0
+    for found in events.values():
+        found.sort(key=lambda e: (e["ts_ns"], e["n"]))
+        kinds = [e["kind"] for e in found]
+        if "moved" in kinds and found[kinds.index("moved")].get("delivery_count", 0) > 0:
+            after = [e for e in found[kinds.index("moved") :] if e["kind"] == "delivered"]
+            assert after and after[0]["delivery_count"] >= 2, found
+            redelivered += 1
+    assert redelivered == moved["delivered_before"]
+    # Every group n3 had is bound on n1 or n2 by the time it returns: its new consumer gets
+    # nothing, although n3 held messages of those groups.
+    assert not back.acked and not back.held
+    report = (tmp_path / "report" / "report.html").read_text()
+    assert "moved" in report and "instance-absent" in report
 
 
 async def test_a_remote_node_frozen_for_10_s_under_load_breaks_no_group(
