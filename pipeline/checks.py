@@ -17,7 +17,9 @@ Definitions (the counts are of the rows returned):
 - order violations: a message whose processing (its first ack or reject) came before that of
   the message just before it in its group (same queue, group and producer, by `group_seq`,
   messages with a positive sequence only). A predecessor never settled is reported as lost,
-  not again here.
+  not again here. A pair with a `moved` message (a node sent it on to its group's new
+  binding: `rebind-absent-after`, or an operator's forced move) is an order change accepted
+  by configuration, counted apart, not a violation.
 - exclusivity violations: a consumer starting to hold unacknowledged messages of a group
   (a delivery while it held none of that group) while another consumer held some. A hold
   ends with the message's next event (acked, released, rejected) or with its node's run.
@@ -157,7 +159,9 @@ def duplicates(deliveries: DataFrame) -> DataFrame:
     )  # fmt: skip
 
 
-def order(deliveries: DataFrame) -> DataFrame:
+def order(deliveries: DataFrame, moved: DataFrame | None = None) -> DataFrame:
+    """Order breaks; with `moved` (keys of `moved` events), a break with a moved message on
+    either side is marked `accepted`: a move changed that order, as configured."""
     F, W = _f(), _w()
     messages = deliveries.filter(
         F.col("first") & F.col("group").isNotNull() & (F.col("group_seq") > 0)
@@ -169,7 +173,7 @@ def order(deliveries: DataFrame) -> DataFrame:
         F.lag("group_seq").over(w).alias("before_seq"),
         F.lag("settled").over(w).alias("before_settled"),
     )
-    return ranked.filter(
+    breaks = ranked.filter(
         F.col("settled").isNotNull()
         & F.col("before_settled").isNotNull()
         & (F.col("settled") < F.col("before_settled"))
@@ -178,6 +182,22 @@ def order(deliveries: DataFrame) -> DataFrame:
         F.col("settled.ts").alias("settled_ts_ns"),
         F.col("before_settled.ts").alias("before_settled_ts_ns"),
     )  # fmt: skip
+    if moved is None:
+        return breaks.withColumn("accepted", F.lit(False))
+    mine = moved.select("key", F.lit(True).alias("moved_self"))
+    theirs = moved.select(F.col("key").alias("before_key"), F.lit(True).alias("moved_before"))
+    return (
+        breaks.join(F.broadcast(mine), "key", "left")
+        .join(F.broadcast(theirs), "before_key", "left")
+        .withColumn("accepted", F.coalesce("moved_self", "moved_before", F.lit(False)))
+        .drop("moved_self", "moved_before")
+    )
+
+
+def moved_keys(events: DataFrame) -> DataFrame:
+    """The messages some node moved to their group's new binding (`moved` events)."""
+    F = _f()
+    return events.filter(F.col("kind") == "moved").select("key").distinct()
 
 
 def exclusivity(deliveries: DataFrame) -> DataFrame:

@@ -18,7 +18,7 @@ VIOLATIONS = ("lost", "duplicates", "order", "exclusivity", "routing")
 EXAMPLES = 20  # violations listed per kind (with their events) in the summary and report
 EVENT_COLUMNS = (
     "ts_ns", "n", "node", "epoch", "kind", "msg_id", "key", "queue", "group", "group_seq",
-    "consumer", "delivery_count", "target", "new_proposal",
+    "consumer", "delivery_count", "target", "new_proposal", "reason",
 )  # fmt: skip
 
 
@@ -67,10 +67,12 @@ def run(
     run_ends = history.run_ends()
     routed = checks.routed_events(events).persist(keep)
     deliveries = checks.per_message(cons, run_ends).persist(keep)
+    moved = checks.moved_keys(events) if history.kinds.get("moved") else None
+    breaks = checks.order(deliveries, moved).persist(keep)
     found = {
         "lost": checks.lost(events),
         "duplicates": checks.duplicates(deliveries),
-        "order": checks.order(deliveries),
+        "order": breaks.filter(~F.col("accepted")).drop("accepted"),
         "exclusivity": checks.exclusivity(deliveries),
         "routing": checks.routing(routed, events, unbound=history.kinds.get("unbound", 0) > 0),
     }
@@ -102,7 +104,9 @@ def run(
             "events": kinds,
             **stats.compute(events, deliveries, routed, history.runs),
         }
-    for df in [*cached, deliveries, routed]:
+        if moved is not None:
+            result.stats["moved"] = stats.moves(events, breaks)
+    for df in [*cached, breaks, deliveries, routed]:
         df.unpersist()
     history.table.unpersist()
     result.seconds = time.monotonic() - started
@@ -121,12 +125,21 @@ def _example_events(events: Any, examples: dict[str, list[dict[str, Any]]]) -> d
         if k
     }
     groups = {(ex["address"], ex["group"]) for ex in examples["routing"]}
+    broken = {
+        (ex.get("queue"), ex.get("group"))
+        for kind in ("order", "exclusivity", "duplicates")
+        for ex in examples[kind]
+        if ex.get("group") is not None
+    }
     if not keys and not groups:
         return {}
     cond = F.col("key").isin(*keys) if keys else F.lit(False)
     if groups:
         routed = F.col("kind") == "routed"
         cond = cond | (routed & F.col("group").isin(*{g for _, g in groups}))
+    if broken:  # what explains a broken group: its binding removals and moves
+        changes = F.col("kind").isin("unbound", "moved")
+        cond = cond | (changes & F.col("group").isin(*{g for _, g in broken}))
     rows = (
         events.filter(cond)
         .select(*EVENT_COLUMNS, "address")
@@ -141,4 +154,6 @@ def _example_events(events: Any, examples: dict[str, list[dict[str, Any]]]) -> d
             out.setdefault(f"group {r['address']}/{r['group']}", []).append(d)
         if r["key"] in keys:
             out.setdefault(r["key"], []).append(d)
+        if r["kind"] in ("unbound", "moved") and (r["queue"], r["group"]) in broken:
+            out.setdefault(f"bindings {r['queue']}/{r['group']}", []).append(d)
     return out

@@ -1,8 +1,10 @@
 """The HTML report of a check: one self-contained file, charts as inline SVG (no scripts, no CDN).
 
-Sections: the verdict, the violations with the events behind each listed one, groups and
-messages per consumer, messages per node over time, new-group decision latency, group sizes,
-delivery gaps around failovers, and what reading the input turned up.
+Sections: the verdict, the violations with the events behind each listed one (and the
+group's binding removals and moves before it), groups and messages per consumer, messages per
+node over time, new-group decision latency, group sizes, what happened in order (failovers,
+binding removals and moves, stalls, violations), moved groups, delivery gaps around
+failovers, group stalls, and what reading the input turned up.
 """
 
 from __future__ import annotations
@@ -164,12 +166,30 @@ def _readable(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _timeline(stats: dict[str, Any]) -> str:
-    """Failover moments and the longest group stalls, one line each, in time order."""
+VIOLATION_AT = {"order": "settled_ts_ns", "exclusivity": "ts_ns", "duplicates": "ts_ns"}
+
+
+def _timeline(summary: dict[str, Any]) -> str:
+    """Failovers, binding removals and moves, the longest group stalls and the listed
+    violations, one line each, in time order."""
+    stats = summary.get("stats", {})
     lines = [
         (g["at_ns"], f"{g['what']}; {g.get('groups_stalled', 0)} group(s) stalled across it")
         for g in stats.get("failovers", [])
     ]
+    for c in stats.get("binding_changes", []):
+        span = f" (until {_when(c['to_ns'])})" if c["to_ns"] - c["from_ns"] >= 1e9 else ""
+        if c["kind"] == "unbound":
+            text = (
+                f"{c['node']} removed {c['events']} binding(s) to {c.get('target')} "
+                f"({c.get('reason', 'no reason given')}){span}"
+            )
+        else:
+            text = (
+                f"{c['node']} moved {c['events']} message(s) of {c['groups']} group(s) "
+                f"to {c.get('target')}, their group's new binding{span}"
+            )
+        lines.append((c["from_ns"], text))
     lines += [
         (
             s["from_ns"],
@@ -178,8 +198,13 @@ def _timeline(stats: dict[str, Any]) -> str:
         )
         for s in stats.get("stalls", {}).get("longest", [])[:20]
     ]
+    for kind, at in VIOLATION_AT.items():
+        for ex in summary.get("examples", {}).get(kind, []):
+            if ex.get(at):
+                where = f"group {ex.get('group')} on {ex.get('queue')}, message {ex.get('key')}"
+                lines.append((ex[at], f"VIOLATION ({kind}): {where}"))
     if not lines:
-        return "<p class=muted>no failover and no group stall of a second or more</p>"
+        return "<p class=muted>no failover, binding change or group stall of a second or more</p>"
     items = "".join(f"<li><code>{_when(at)}</code> {_e(text)}</li>" for at, text in sorted(lines))
     return f"<ul>{items}</ul>"
 
@@ -214,6 +239,13 @@ def _violations(summary: dict[str, Any]) -> str:
                 related = []
                 for key in (ex.get("before_key"), ex.get("key")):
                     related += events.get(key, []) if key else []
+                # What explains it: the group's binding removals and moves before it.
+                at = ex.get(VIOLATION_AT.get(kind, "ts_ns")) or 0
+                related += [
+                    e
+                    for e in events.get(f"bindings {ex.get('queue')}/{ex.get('group')}", [])
+                    if e.get("ts_ns", 0) <= at
+                ]
                 related.sort(key=lambda e: (e.get("ts_ns", 0), e.get("n", 0)))
             related = [
                 {
@@ -238,6 +270,7 @@ def _violations(summary: dict[str, Any]) -> str:
                     "consumer",
                     "delivery_count",
                     "target",
+                    "reason",
                 )
                 if any(c in e for e in related)
             ]
@@ -321,7 +354,17 @@ def render(summary: dict[str, Any]) -> str:
             )
         parts.append(_table([{k: v for k, v in sizes.items() if k != "histogram"}]))
         parts.append("<h2>What happened, in order</h2>")
-        parts.append(_timeline(stats))
+        parts.append(_timeline(summary))
+        moved = stats.get("moved")
+        if moved:
+            parts.append("<h2>Groups moved to a new binding</h2>")
+            parts.append(
+                f"<p>{_num(moved['messages'])} message(s) of {_num(moved['groups'])} group(s) "
+                "were held by a node that found their group bound elsewhere (after it was "
+                "away past rebind-absent-after, or a forced move) and moved there; "
+                f"{_num(moved['order_changes_accepted'])} order change(s) this caused are "
+                "accepted by that configuration and not counted as violations.</p>"
+            )
         parts.append("<h2>Delivery gaps around failovers</h2>")
         parts.append(
             "<p class=muted>gap: the longest pause between two deliveries anywhere in the "

@@ -78,6 +78,7 @@ def compute(
         latency = pool.submit(_decision_latency, routed)
         timeline = pool.submit(_timeline, first, per_node)
         stalls = pool.submit(group_stalls, first)
+        changes = pool.submit(binding_changes, events)
         per_consumer = consumers.result()
         out: dict[str, Any] = {
             "per_node": [
@@ -93,6 +94,7 @@ def compute(
             "group_sizes": sizes.result(),
             "decision_latency_ms": latency.result(),
             "timeline": timeline.result(),
+            "binding_changes": changes.result(),
         }
         out["stalls"] = stalls.result()
         out["failovers"] = failover_gaps(deliveries, routed, runs, out["stalls"]["all"])
@@ -343,3 +345,42 @@ def _across(stalls: list[dict[str, Any]], at: int) -> list[dict[str, Any]]:
     """The group stalls that span the moment `at` (a second either side counts)."""
     slack = int(END_S * 1e9)
     return [s for s in stalls if s["from_ns"] - slack <= at <= s["to_ns"] + slack]
+
+
+def binding_changes(events: DataFrame) -> list[dict[str, Any]]:
+    """Bindings removed (`unbound`, by target and reason) and groups moved (`moved`, by node
+    and target), with when they began and ended: the binding side of what happened."""
+    from pyspark.sql import functions as F
+
+    changes = (
+        events.filter(F.col("kind").isin("unbound", "moved"))
+        .groupBy("kind", "node", "target", "reason")
+        .agg(
+            F.count(F.lit(1)).alias("events"),
+            F.countDistinct("queue", "group").alias("groups"),
+            F.min("ts_ns").alias("from_ns"),
+            F.max("ts_ns").alias("to_ns"),
+        )
+        .orderBy("from_ns")
+        .collect()
+    )
+    return [{k: v for k, v in r.asDict().items() if v is not None} for r in changes]
+
+
+def moves(events: DataFrame, breaks: DataFrame) -> dict[str, Any]:
+    """Messages moved to their group's new binding, and the order changes that accepted."""
+    from pyspark.sql import functions as F
+
+    moved = events.filter(F.col("kind") == "moved")
+    row = moved.agg(
+        F.count(F.lit(1)).alias("messages"),
+        F.countDistinct("queue", "group").alias("groups"),
+        F.sum(F.when(F.col("delivery_count") > 0, 1).otherwise(0)).alias("delivered_before"),
+    ).first()
+    accepted = breaks.filter(F.col("accepted")).count()
+    return {
+        "messages": int(row["messages"]),
+        "groups": int(row["groups"]),
+        "delivered_before": int(row["delivered_before"] or 0),
+        "order_changes_accepted": int(accepted),
+    }

@@ -189,6 +189,64 @@ def test_routing_is_per_queue_and_a_removed_binding_may_be_replaced(
     assert pure.check(tmp_path)["routing"] == 1
 
 
+def test_an_order_break_is_explained_by_the_removal_before_it_and_accepted_when_moved(
+    spark: Any, tmp_path: Path
+) -> None:
+    from pipeline.report import render
+
+    base = {"queue": "q", "address": "q", "group": "g", "producer": "p"}
+    one, two = {**base, "mid": "p/1", "group_seq": 1}, {**base, "mid": "p/2", "group_seq": 2}
+    removal = {"ts_ns": 2000, "node": "n1", "kind": "unbound", "epoch": 1, "queue": "q",
+               "group": "g", "target": "q@n3", "reason": "instance-absent"}  # fmt: skip
+    # n3 dies holding p/1; its binding goes; p/2 is bound and acked on n1; n3 comes back and
+    # delivers p/1 after it.
+    _write(
+        tmp_path / "n3-100-0.jsonl",
+        {"ts_ns": 1000, "node": "n3", "kind": "sent", **one},
+        {"ts_ns": 1100, "node": "n3", "kind": "delivered", "consumer": "c3", **one},
+    )
+    _write(
+        tmp_path / "n1-50-0.jsonl",
+        removal,
+        {"ts_ns": 2100, "node": "n1", "kind": "sent", **two},
+        {"ts_ns": 2200, "node": "n1", "kind": "delivered", "consumer": "c1", **two},
+        {"ts_ns": 2300, "node": "n1", "kind": "acked", "consumer": "c1", **two},
+    )
+    _write(
+        tmp_path / "n3-3000-0.jsonl",
+        {"ts_ns": 3500, "node": "n3", "kind": "delivered", "consumer": "c9", **one},
+        {"ts_ns": 3600, "node": "n3", "kind": "acked", "consumer": "c9", **one},
+    )
+    result = job.run(spark, tmp_path)
+    assert result.counts == {**NONE, "order": 1}
+    assert pure.check(tmp_path) == result.counts
+    page = render(result.summary())
+    details = page[page.index("Order violations") : page.index("Exclusivity violations")]
+    assert "instance-absent" in details and "q@n3" in details  # the removal that explains it
+    timeline = page[page.index("What happened, in order") :]
+    assert "n1 removed 1 binding(s) to q@n3 (instance-absent)" in timeline
+    assert "VIOLATION (order): group g on q, message p/2" in timeline
+    # The returning node moved p/1 to the group's new binding instead: accepted, not flagged.
+    _write(
+        tmp_path / "n3-3000-0.jsonl",
+        {"ts_ns": 3400, "node": "n3", "kind": "moved", "target": "q@n1", "delivery_count": 1,
+         **one},
+    )  # fmt: skip
+    _write(
+        tmp_path / "n1-3300-0.jsonl",
+        {"ts_ns": 3450, "node": "n1", "kind": "sent", **one},
+        {"ts_ns": 3500, "node": "n1", "kind": "delivered", "consumer": "c1", **one},
+        {"ts_ns": 3600, "node": "n1", "kind": "acked", "consumer": "c1", **one},
+    )
+    result = job.run(spark, tmp_path)
+    assert result.counts == NONE
+    assert pure.check(tmp_path) == NONE
+    assert result.stats["moved"] == {
+        "messages": 1, "groups": 1, "delivered_before": 1, "order_changes_accepted": 1
+    }  # fmt: skip
+    assert "n3 moved 1 message(s) of 1 group(s) to q@n1" in render(result.summary())
+
+
 # ---- bad input ------------------------------------------------------------------------------
 
 
