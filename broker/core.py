@@ -15,6 +15,7 @@ from broker.effects import Effects
 from broker.grouping import group_key
 from broker.message import Message
 from broker.queue import NoSuchGroup, Queue, QueueError
+from broker.validation import InvalidInput, check_name
 
 ORIGINAL_ADDRESS_HEADER = "_AMQ_ORIG_ADDRESS"
 ORIGINAL_QUEUE_HEADER = "_AMQ_ORIG_QUEUE"
@@ -81,8 +82,8 @@ class BrokerCore:
         return list(self._queues.values())
 
     def create_queue(self, address: str, name: str, settings: QueueConfig) -> None:
-        if not address or not name:
-            raise InvalidRequest("address and queue name must not be empty")
+        _check_name(address, "address")
+        _check_name(name, "queue name")
         if name in self._queues:
             raise QueueExists(f"queue {name!r} already exists")
         self._add_queue(address, name, settings)
@@ -132,6 +133,7 @@ class BrokerCore:
             if not a.queues:
                 raise UnknownAddress(f"address {address!r} has no queue to hold the message")
             return
+        _check_name(address, "address")  # it would be created
         rules = self.config.settings_for(address)
         if not (rules.auto_create_addresses and rules.auto_create_queues):
             raise UnknownAddress(
@@ -171,8 +173,8 @@ class BrokerCore:
         q = self._queues.get(queue)
         if q is None:
             rules = self.config.settings_for(address)
-            if not address or not queue:
-                raise InvalidRequest("address and queue name must not be empty")
+            _check_name(address, "address")
+            _check_name(queue, "queue name")
             if not (rules.auto_create_queues and rules.auto_create_addresses):
                 return self._no_route(address, queue, body, headers, persistent, now_ns, fx)
             settings = rules.queue_config()
@@ -194,6 +196,10 @@ class BrokerCore:
         q.enqueue(m, now_ns, fx)
         self._dead_letter(now_ns, fx)
         return msg_id, fx
+
+    def names(self, name: str) -> bool:
+        """A queue or an address of that name exists (a dict lookup each, whatever the count)."""
+        return name in self._queues or name in self._addresses
 
     def queues_of(self, address: str) -> list[Queue]:
         """The queues bound to `address` on this node (none if it does not exist)."""
@@ -373,3 +379,10 @@ class BrokerCore:
                 ORIGINAL_QUEUE_HEADER: m.queue,
             }
             self._route(a, m.body, headers, m.persistent, now_ns, fx)
+
+
+def _check_name(name: str, what: str) -> None:
+    try:
+        check_name(name, what)
+    except InvalidInput as err:
+        raise InvalidRequest(str(err)) from None

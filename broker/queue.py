@@ -560,9 +560,11 @@ def _key(g: _Group) -> str:
 
 
 def _parse_seq(raw: str | None) -> int:
+    """Senders are checked (broker/validation.py); a value stored before that reads as 0."""
     if not raw:
         return 0
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
         return 0
+    return value if -(2**63) <= value < 2**63 else 0

@@ -18,7 +18,7 @@ from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from pydantic import ValidationError
 
-from broker import channels
+from broker import channels, logs
 from broker.admin import ClusterAdmin
 from broker.clock import now_ns
 from broker.config import QueueConfig
@@ -27,8 +27,11 @@ from broker.effects import Delivery
 from broker.engine import ConsumerStream, Engine, Receipt
 from broker.sending import Outgoing, SendPath
 from broker.store import StoreError
+from broker.validation import InvalidInput, check_headers
 from pinmq_pb import client_pb2 as pb
 from pinmq_pb import client_pb2_grpc as pb_grpc
+
+log = logs.get("grpc")
 
 PACK_BYTES = 1 << 20  # a Deliveries message is cut after this many body bytes
 FRAME_SLACK = 1 << 20  # gRPC receive limit = max-message-size + this (batches, headers)
@@ -107,8 +110,10 @@ class BrokerService(pb_grpc.BrokerServicer):
         self.sending = sending
         self.max_size = engine.config.limits.max_message_size
 
-    def _check(self, messages: list[pb.Message]) -> None:
-        for i, m in enumerate(messages):
+    def _check(self, messages: list[pb.Message], batch: list[Outgoing]) -> None:
+        """Size, headers and the header values the broker reads (broker/validation.py)."""
+        stomp = self.engine.config.stomp
+        for i, (m, out) in enumerate(zip(messages, batch, strict=True)):
             which = f"message {i} of the batch" if len(messages) > 1 else "message"
             if not m.address:
                 raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{which}: empty address")
@@ -118,6 +123,10 @@ class BrokerService(pb_grpc.BrokerServicer):
                     grpc.StatusCode.INVALID_ARGUMENT,
                     f"{which}: {size} bytes exceeds the max-message-size of {self.max_size} bytes",
                 )
+            try:
+                check_headers(out.headers, stomp.max_headers, stomp.max_header_size)
+            except InvalidInput as err:
+                raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{which}: {err}") from None
 
     async def _send(
         self, messages: Iterable[pb.Message]
@@ -127,8 +136,8 @@ class BrokerService(pb_grpc.BrokerServicer):
         Returns at once unless the send path must await something (a grouping decision).
         """
         messages = list(messages)
-        self._check(messages)
         batch = [Outgoing(m.address, m.body, _dict(m.headers), m.persistent) for m in messages]
+        self._check(messages, batch)
         sender = self.sending
         sent = sender.send_now(batch, now_ns())
         if sent is None:
@@ -278,9 +287,29 @@ class BrokerService(pb_grpc.BrokerServicer):
                 first_key = self.engine.core.queue(stream.queue).settings.group_first_key
             except CoreError:
                 return
-            for response in _pack(items, first_key):
+            responses, unsendable = _pack(items, first_key)
+            for response in responses:
                 await context.write(response)
             stream.writing = False
+            if unsendable:
+                self._dead_letter(stream, unsendable)
+
+    def _dead_letter(self, stream: ConsumerStream, unsendable: list[tuple[Delivery, str]]) -> None:
+        """Deliveries that could not be encoded: rejected (dead-lettered), each logged by name.
+
+        Only the message at fault goes: the rest of its batch was sent.
+        """
+        for d, error in unsendable:
+            log.error(
+                "message cannot be sent to a consumer: dead-lettered",
+                queue=stream.queue,
+                msg_id=d.message.msg_id,
+                consumer=stream.consumer_id,
+                error=error,
+            )
+        ids = [d.delivery_id for d, _ in unsendable]
+        engine = self.engine
+        engine.apply(engine.core.reject(stream.queue, stream.consumer_id, ids, now_ns()))
 
 
 async def _owed_receipts_sent(stream: ConsumerStream, writer: asyncio.Task[None]) -> None:
@@ -296,9 +325,13 @@ async def _owed_receipts_sent(stream: ConsumerStream, writer: asyncio.Task[None]
         await asyncio.sleep(0.005)
 
 
-def _pack(items: list[list[Delivery] | Receipt], first_key: str | None) -> list[pb.ConsumeResponse]:
-    """Everything queued for a consumer, as few messages as the size cap allows, in order."""
+def _pack(
+    items: list[list[Delivery] | Receipt], first_key: str | None
+) -> tuple[list[pb.ConsumeResponse], list[tuple[Delivery, str]]]:
+    """Everything queued for a consumer, as few messages as the size cap allows, in order; and
+    the deliveries that cannot be encoded (left out, with why), which must not sink the rest."""
     out: list[pb.ConsumeResponse] = []
+    unsendable: list[tuple[Delivery, str]] = []
     current: pb.ConsumeResponse | None = None
     size = 0
     for item in items:
@@ -315,20 +348,24 @@ def _pack(items: list[list[Delivery] | Receipt], first_key: str | None) -> list[
             headers = m.headers
             if d.first_in_group and first_key is not None:
                 headers = {**headers, first_key: "true"}
-            add(
-                delivery_id=d.delivery_id,
-                msg_id=m.msg_id,
-                address=m.address,
-                queue=m.queue,
-                body=m.body,
-                headers=headers,
-                delivery_count=m.delivery_count + 1,
-                group_id=m.group or "",
-                group_seq=m.group_seq,
-                persistent=m.persistent,
-            )
+            try:  # a failed add appends nothing
+                add(
+                    delivery_id=d.delivery_id,
+                    msg_id=m.msg_id,
+                    address=m.address,
+                    queue=m.queue,
+                    body=m.body,
+                    headers=headers,
+                    delivery_count=m.delivery_count + 1,
+                    group_id=m.group or "",
+                    group_seq=m.group_seq,
+                    persistent=m.persistent,
+                )
+            except (ValueError, TypeError) as err:
+                unsendable.append((d, str(err)))
+                continue
             size += len(m.body)
-    return out
+    return out, unsendable
 
 
 def _dict(headers: Mapping[str, str]) -> dict[str, str]:

@@ -21,10 +21,12 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
+from broker import validation
 from broker.clock import now_ns
 from broker.core import CoreError, QueueExists
 from broker.effects import Delivery, Effects
 from broker.engine import ConsumerStream, Engine
+from broker.message import GROUP_SEQ_HEADER
 from broker.sending import Outgoing, SendPath
 from broker.store import StoreError
 from pinmq.stomp.frames import (
@@ -200,7 +202,13 @@ class Session:
                     f"{self.max_message_size} bytes"
                 )
         headers = {k: v for k, v in h.items() if k not in SEND_ONLY}
-        persistent = h.get("persistent", "").lower() == "true"
+        try:
+            persistent = validation.persistent(h.get("persistent"))
+            seq = headers.get(GROUP_SEQ_HEADER)
+            if seq is not None:
+                validation.group_seq(seq)
+        except validation.InvalidInput as err:
+            raise ProtocolError(str(err)) from None
         message = Outgoing(address, body, headers, persistent)
         tx = h.get("transaction")
         if tx is not None:
@@ -250,8 +258,7 @@ class Session:
 
     def _may_create(self, queue: str) -> bool:
         """Whether SUBSCRIBE must auto-create `queue` (Artemis: auto-create-queues)."""
-        core = self.core
-        if any(q.name == queue or q.address == queue for q in core.queues()):
+        if self.core.names(queue):
             return False
         if queue in self.node.config.addresses:
             return False
