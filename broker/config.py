@@ -54,6 +54,9 @@ class QueueConfig(Strict):
     dead_letter_address: str | None = "DLQ"
     consumers_before_dispatch: int = Field(default=0, ge=0)
     delay_before_dispatch: int = Field(default=-1, ge=-1)
+    # ms a consumer may hold unacknowledged messages without settling any before it gets no
+    # new group (it keeps its own); -1: never
+    slow_consumer_threshold: int = Field(default=10_000, ge=-1)
 
     @field_validator("group_header")
     @classmethod
@@ -128,6 +131,7 @@ class AddressSettings(Strict):
     dead_letter_address: str | None = "DLQ"
     default_consumers_before_dispatch: int = Field(default=0, ge=0)
     default_delay_before_dispatch: int = Field(default=-1, ge=-1)
+    default_slow_consumer_threshold: int = Field(default=10_000, ge=-1)
 
     @field_validator("default_group_header")
     @classmethod
@@ -149,6 +153,7 @@ class AddressSettings(Strict):
             dead_letter_address=self.dead_letter_address,
             consumers_before_dispatch=self.default_consumers_before_dispatch,
             delay_before_dispatch=self.default_delay_before_dispatch,
+            slow_consumer_threshold=self.default_slow_consumer_threshold,
         )
 
 
@@ -156,6 +161,8 @@ class LimitsSection(Strict):
     """Resource limits enforced at the edge, before a message enters a queue."""
 
     max_message_size: int = Field(default=10 * 1024 * 1024, gt=0)
+    # Deliveries a consumer may hold unacknowledged; a larger prefetch asked for is cut to it.
+    max_prefetch: int = Field(default=10_000, gt=0)
 
 
 class StompSection(Strict):

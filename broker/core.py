@@ -239,6 +239,8 @@ class BrokerCore:
     def subscribe(
         self, queue: str, consumer_id: str, name: str, prefetch: int, now_ns: int
     ) -> Effects:
+        """A new consumer; its prefetch is cut to `limits.max-prefetch`."""
+        prefetch = min(prefetch, self.config.limits.max_prefetch)
         return self._on_queue(
             queue, lambda q, fx: q.subscribe(consumer_id, name, prefetch, now_ns, fx), now_ns
         )

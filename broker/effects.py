@@ -30,6 +30,18 @@ class GroupInfo:
 
 
 @dataclass(slots=True)
+class ConsumerInfo:
+    """A consumer of a queue as operators see it; `stalled_ms` 0 unless it stalls."""
+
+    consumer_id: str
+    name: str
+    prefetch: int
+    unacked: int
+    groups: int
+    stalled_ms: int
+
+
+@dataclass(slots=True)
 class Effects:
     """What an operation asks the shells to do: deliver, persist, delete, dead-letter."""
 
@@ -39,6 +51,8 @@ class Effects:
     updated: list[Message] = field(default_factory=list)
     dead: list[Message] = field(default_factory=list)
     queues_created: list[tuple[str, str, QueueConfig]] = field(default_factory=list)
+    # (queue, consumer name, unacked, ns without progress): passed over for new groups
+    stalled: list[tuple[str, str, int, int]] = field(default_factory=list)
 
     def merge(self, other: Effects) -> None:
         """Fold a later operation's effects in, so several operations cost one store write."""
@@ -48,3 +62,4 @@ class Effects:
         self.updated += other.updated
         self.dead += other.dead
         self.queues_created += other.queues_created
+        self.stalled += other.stalled

@@ -184,6 +184,14 @@ class Engine:
         """
         if self.audit is not None:  # audit log: queues references, formats off the loop
             self.audit.effects(fx)
+        for queue, name, unacked, ns in fx.stalled:
+            log.warning(
+                "consumer stalls: new groups go to other consumers",
+                queue=queue,
+                consumer=name,
+                unacked=unacked,
+                seconds_without_settle=round(ns / 1e9, 1),
+            )
         for address, name, settings in fx.queues_created:
             if settings.durable:
                 self._watch(self.store.save_queue(address, name, _settings(settings)))

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from broker.config import QueueConfig
-from broker.effects import Delivery, Effects, GroupInfo
+from broker.effects import ConsumerInfo, Delivery, Effects, GroupInfo
 from broker.grouping import group_key
 from broker.message import GROUP_SEQ_HEADER, Message
 
@@ -52,9 +52,12 @@ class _Group:
 
 
 class _Consumer:
-    __slots__ = ("closed", "dirty", "groups", "id", "name", "prefetch", "ready", "unacked")
+    __slots__ = (
+        "closed", "dirty", "groups", "id", "name", "prefetch", "progress_ns", "ready", "stalled",
+        "unacked",
+    )  # fmt: skip
 
-    def __init__(self, consumer_id: str, name: str, prefetch: int) -> None:
+    def __init__(self, consumer_id: str, name: str, prefetch: int, now_ns: int) -> None:
         self.id = consumer_id
         self.name = name
         self.prefetch = prefetch
@@ -63,6 +66,10 @@ class _Consumer:
         self.ready: deque[_Group] = deque()
         self.dirty = False
         self.closed = False
+        # Its last settle, or the delivery that ended a spell with nothing unacked: a consumer
+        # holding messages without progress for longer than slow-consumer-threshold stalls.
+        self.progress_ns = now_ns
+        self.stalled = False  # reported as stalled (Effects.stalled) since its last progress
 
 
 class Queue:
@@ -82,6 +89,8 @@ class Queue:
         self._outstanding = 0
         self._next_delivery = 1
         self._paused = False  # group-rebalance-pause-dispatch in progress
+        threshold = settings.slow_consumer_threshold
+        self._slow_ns = threshold * 1_000_000 if threshold >= 0 else -1
         self._started = False  # consumers-before-dispatch / delay-before-dispatch satisfied
         self._first_consumer_ns: int | None = None
 
@@ -107,6 +116,20 @@ class Queue:
                 last_use_ns=g.last_use_ns,
             )
             for g in self._groups.values()
+        ]
+
+    def consumers(self, now_ns: int) -> list[ConsumerInfo]:
+        """Every consumer with what it holds, and for how long it has made no progress."""
+        return [
+            ConsumerInfo(
+                consumer_id=c.id,
+                name=c.name,
+                prefetch=c.prefetch,
+                unacked=len(c.unacked),
+                groups=len(c.groups),
+                stalled_ms=(now_ns - c.progress_ns) // 1_000_000 if self._slow(c, now_ns) else 0,
+            )
+            for c in self._consumers.values()
         ]
 
     def has_group(self, group: str) -> bool:
@@ -155,7 +178,7 @@ class Queue:
             raise QueueError(f"prefetch must be at least 1, got {prefetch}")
         if consumer_id in self._consumers:
             raise QueueError(f"consumer {consumer_id!r} is already subscribed to {self.name!r}")
-        c = self._consumers[consumer_id] = _Consumer(consumer_id, name, prefetch)
+        c = self._consumers[consumer_id] = _Consumer(consumer_id, name, prefetch, now_ns)
         if self._first_consumer_ns is None:
             self._first_consumer_ns = now_ns
         if self.settings.group_rebalance and len(self._consumers) > 1:
@@ -190,6 +213,7 @@ class Queue:
         it, so the group is redelivered in order.
         """
         c = self._settling(consumer_id, delivery_ids)
+        self._progress(c, now_ns)
         for did in sorted(delivery_ids):
             m = c.unacked.get(did)
             if m is None:
@@ -218,6 +242,7 @@ class Queue:
     ) -> None:
         """Take delivered messages from their consumer for good (acked or rejected)."""
         c = self._settling(consumer_id, delivery_ids)
+        self._progress(c, now_ns)
         for did in delivery_ids:
             m = c.unacked.pop(did, None)
             if m is None:
@@ -361,19 +386,23 @@ class Queue:
     def _give_shared(self, older_than: int | None, now_ns: int, fx: Effects) -> bool:
         """Hand out the oldest unowned group or ungrouped message, if older than `older_than`.
 
-        A new group goes to the consumer with the fewest groups among those with credit;
-        ungrouped messages go round robin. Returns whether anything was delivered.
+        A new group goes to the consumer with the fewest groups among those with credit that
+        do not stall; ungrouped messages go round robin. Returns whether anything was delivered.
         """
         hungry, ungrouped = self._hungry, self._ungrouped
         g = self._head(self._unowned)
         g_id = g.pending[0].msg_id if g is not None else None  # type: ignore[index]
         u_id = ungrouped[0].msg_id if ungrouped else None
+        taker: _Consumer | None = None
         if g_id is not None and (u_id is None or g_id <= u_id):
             if older_than is not None and g_id > older_than:
                 return False
+            # None: every consumer with credit stalls; the group waits, ungrouped work goes on.
+            taker = self._taker(now_ns, fx)
+        if taker is not None:
             self._unowned.popleft()
             g.slot = None  # type: ignore[union-attr]
-            c = min(hungry, key=_load)
+            c = taker
             c.groups.add(g)  # type: ignore[arg-type]
             g.owner = c  # type: ignore[union-attr]
             g.fresh = True  # type: ignore[union-attr]
@@ -387,6 +416,26 @@ class Queue:
         self._pending -= 1
         self._deliver(c, None, ungrouped.popleft(), now_ns, fx)
         return True
+
+    def _taker(self, now_ns: int, fx: Effects) -> _Consumer | None:
+        """Who gets a new group: the consumer with the fewest groups among those with credit
+        that are not stalled (a stalled one is reported once in `fx.stalled`)."""
+        best: _Consumer | None = None
+        for c in self._hungry:
+            if self._slow(c, now_ns):
+                if not c.stalled:
+                    c.stalled = True
+                    fx.stalled.append((self.name, c.name, len(c.unacked), now_ns - c.progress_ns))
+            elif best is None or len(c.groups) < len(best.groups):
+                best = c
+        return best
+
+    def _slow(self, c: _Consumer, now_ns: int) -> bool:
+        return self._slow_ns >= 0 and bool(c.unacked) and now_ns - c.progress_ns > self._slow_ns
+
+    def _progress(self, c: _Consumer, now_ns: int) -> None:
+        c.progress_ns = now_ns
+        c.stalled = False
 
     def _deliver_head(self, g: _Group, c: _Consumer, now_ns: int, fx: Effects) -> None:
         pending = g.pending
@@ -404,6 +453,8 @@ class Queue:
     ) -> None:
         did = self._next_delivery
         self._next_delivery = did + 1
+        if not c.unacked:
+            self._progress(c, now_ns)  # a stall is counted from the oldest unacked delivery
         c.unacked[did] = m
         self._outstanding += 1
         first = False
@@ -549,10 +600,6 @@ class Queue:
         if bad:
             raise QueueError(f"unknown delivery id(s) {bad} on queue {self.name!r}")
         return c
-
-
-def _load(c: _Consumer) -> int:
-    return len(c.groups)
 
 
 def _key(g: _Group) -> str:

@@ -318,6 +318,13 @@ async def _groups(client: Client, args: argparse.Namespace) -> None:
             _ago(g.last_use, now),
         )
     _console().print(table)
+    consumers = Table("consumer", "prefetch", "unacked", "groups", "stalled")
+    for c in await client.consumers(args.queue):
+        stalled = f"{c.stalled_ms / 1000:.1f}s: gets no new group" if c.stalled_ms else "-"
+        consumers.add_row(
+            _owner(c.consumer_id, c.name), *map(str, (c.prefetch, c.unacked, c.groups)), stalled
+        )
+    _console().print(consumers)
 
 
 async def _cluster_groups(client: Client, args: argparse.Namespace) -> None:

@@ -434,10 +434,22 @@ class AdminService(pb_grpc.AdminServicer):
         self, request: pb.ListGroupsRequest, context: aio.ServicerContext
     ) -> pb.ListGroupsResponse:
         try:
-            groups = self.engine.core.queue(request.queue).groups()
+            queue = self.engine.core.queue(request.queue)
         except CoreError as err:
             await _abort(context, err)
+        groups = queue.groups()
         return pb.ListGroupsResponse(
+            consumers=[
+                pb.ConsumerInfo(
+                    consumer_id=c.consumer_id,
+                    name=c.name,
+                    prefetch=c.prefetch,
+                    unacked=c.unacked,
+                    groups=c.groups,
+                    stalled_ms=c.stalled_ms,
+                )
+                for c in queue.consumers(now_ns())
+            ],
             groups=[
                 pb.GroupInfo(
                     group=g.group,
@@ -448,7 +460,7 @@ class AdminService(pb_grpc.AdminServicer):
                     last_use_unix_ms=g.last_use_ns // 1_000_000,
                 )
                 for g in groups
-            ]
+            ],
         )
 
     async def ResetGroups(

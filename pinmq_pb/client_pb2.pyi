@@ -151,7 +151,7 @@ class ConsumeResponse(_message.Message):
     def __init__(self, subscribed: _Optional[_Union[Subscribed, _Mapping]] = ..., deliveries: _Optional[_Union[Deliveries, _Mapping]] = ..., settled: _Optional[_Union[Settled, _Mapping]] = ...) -> None: ...
 
 class QueueSettings(_message.Message):
-    __slots__ = ("durable", "group_header", "group_mode", "group_buckets", "group_rebalance", "group_rebalance_pause_dispatch", "group_first_key", "default_group", "max_delivery_attempts", "dead_letter_address", "consumers_before_dispatch", "delay_before_dispatch")
+    __slots__ = ("durable", "group_header", "group_mode", "group_buckets", "group_rebalance", "group_rebalance_pause_dispatch", "group_first_key", "default_group", "max_delivery_attempts", "dead_letter_address", "consumers_before_dispatch", "delay_before_dispatch", "slow_consumer_threshold")
     DURABLE_FIELD_NUMBER: _ClassVar[int]
     GROUP_HEADER_FIELD_NUMBER: _ClassVar[int]
     GROUP_MODE_FIELD_NUMBER: _ClassVar[int]
@@ -164,6 +164,7 @@ class QueueSettings(_message.Message):
     DEAD_LETTER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     CONSUMERS_BEFORE_DISPATCH_FIELD_NUMBER: _ClassVar[int]
     DELAY_BEFORE_DISPATCH_FIELD_NUMBER: _ClassVar[int]
+    SLOW_CONSUMER_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     durable: bool
     group_header: str
     group_mode: str
@@ -176,7 +177,8 @@ class QueueSettings(_message.Message):
     dead_letter_address: str
     consumers_before_dispatch: int
     delay_before_dispatch: int
-    def __init__(self, durable: _Optional[bool] = ..., group_header: _Optional[str] = ..., group_mode: _Optional[str] = ..., group_buckets: _Optional[int] = ..., group_rebalance: _Optional[bool] = ..., group_rebalance_pause_dispatch: _Optional[bool] = ..., group_first_key: _Optional[str] = ..., default_group: _Optional[str] = ..., max_delivery_attempts: _Optional[int] = ..., dead_letter_address: _Optional[str] = ..., consumers_before_dispatch: _Optional[int] = ..., delay_before_dispatch: _Optional[int] = ...) -> None: ...
+    slow_consumer_threshold: int
+    def __init__(self, durable: _Optional[bool] = ..., group_header: _Optional[str] = ..., group_mode: _Optional[str] = ..., group_buckets: _Optional[int] = ..., group_rebalance: _Optional[bool] = ..., group_rebalance_pause_dispatch: _Optional[bool] = ..., group_first_key: _Optional[str] = ..., default_group: _Optional[str] = ..., max_delivery_attempts: _Optional[int] = ..., dead_letter_address: _Optional[str] = ..., consumers_before_dispatch: _Optional[int] = ..., delay_before_dispatch: _Optional[int] = ..., slow_consumer_threshold: _Optional[int] = ...) -> None: ...
 
 class CreateQueueRequest(_message.Message):
     __slots__ = ("address", "queue", "settings")
@@ -250,11 +252,29 @@ class GroupInfo(_message.Message):
     last_use_unix_ms: int
     def __init__(self, group: _Optional[str] = ..., owner_consumer_id: _Optional[str] = ..., owner_name: _Optional[str] = ..., pending: _Optional[int] = ..., outstanding: _Optional[int] = ..., last_use_unix_ms: _Optional[int] = ...) -> None: ...
 
-class ListGroupsResponse(_message.Message):
-    __slots__ = ("groups",)
+class ConsumerInfo(_message.Message):
+    __slots__ = ("consumer_id", "name", "prefetch", "unacked", "groups", "stalled_ms")
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PREFETCH_FIELD_NUMBER: _ClassVar[int]
+    UNACKED_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
+    STALLED_MS_FIELD_NUMBER: _ClassVar[int]
+    consumer_id: str
+    name: str
+    prefetch: int
+    unacked: int
+    groups: int
+    stalled_ms: int
+    def __init__(self, consumer_id: _Optional[str] = ..., name: _Optional[str] = ..., prefetch: _Optional[int] = ..., unacked: _Optional[int] = ..., groups: _Optional[int] = ..., stalled_ms: _Optional[int] = ...) -> None: ...
+
+class ListGroupsResponse(_message.Message):
+    __slots__ = ("groups", "consumers")
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    CONSUMERS_FIELD_NUMBER: _ClassVar[int]
     groups: _containers.RepeatedCompositeFieldContainer[GroupInfo]
-    def __init__(self, groups: _Optional[_Iterable[_Union[GroupInfo, _Mapping]]] = ...) -> None: ...
+    consumers: _containers.RepeatedCompositeFieldContainer[ConsumerInfo]
+    def __init__(self, groups: _Optional[_Iterable[_Union[GroupInfo, _Mapping]]] = ..., consumers: _Optional[_Iterable[_Union[ConsumerInfo, _Mapping]]] = ...) -> None: ...
 
 class ResetGroupsRequest(_message.Message):
     __slots__ = ("queue", "group")

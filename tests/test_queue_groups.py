@@ -422,3 +422,51 @@ def test_holding_a_group_leaves_its_delivered_messages_and_holds_what_comes_back
     assert h.q.held_waiting("A")
     assert [m.msg_id for m in h.q.take_group("A", Effects())] == [a1.msg_id]
     assert not h.q.has_group("A")
+
+
+# ---- stalled consumers (slow-consumer-threshold) -------------------------------------------
+
+
+def test_a_consumer_that_settles_nothing_past_the_threshold_gets_no_new_group() -> None:
+    h = Harness(slow_consumer_threshold=1_000)
+    h.sub("c1")
+    h.sub("c2")
+    h.send("A")  # to c1 (fewest groups, first)
+    h.send("B")  # to c2
+    h.ack("c2")
+    h.send("C")  # c1 and c2 tie at one group: c1
+    assert (h.owner("A"), h.owner("B"), h.owner("C")) == ("c1", "c2", "c1")
+    h.now += 1_001 * MS  # c1 has held A and C for longer than the threshold
+    _, fx = h.send("D")
+    assert consumers_of(fx) == {"c2"}  # although c2 would not be the least loaded otherwise
+    assert fx.stalled == [("q", "c1", 2, 1_001 * MS)]
+    _, fx = h.send("E")
+    assert consumers_of(fx) == {"c2"} and fx.stalled == []  # said once
+    stalled = {c.consumer_id: c.stalled_ms for c in h.q.consumers(h.now)}
+    assert stalled == {"c1": 1_001, "c2": 0}
+    _, fx = h.send("A")
+    assert consumers_of(fx) == {"c1"}  # its own groups stay with it
+    h.ack("c1", h.ids("c1")[:1])  # progress: it takes new groups again
+    assert h.q.consumers(h.now)[0].stalled_ms == 0
+
+
+def test_when_every_consumer_stalls_a_new_group_waits_for_one_that_does_not() -> None:
+    h = Harness(slow_consumer_threshold=1_000)
+    h.sub("c1")
+    h.send("A")
+    h.now += 2_000 * MS
+    b, fx = h.send("B")
+    assert to(fx, "c1") == []  # waits: ungrouped work would still go
+    u, fx = h.send(None)
+    assert to(fx, "c1") == [u.msg_id]
+    fx = h.sub("c2")
+    assert to(fx, "c2") == [b.msg_id]
+
+
+def test_with_threshold_off_a_silent_consumer_keeps_taking_groups() -> None:
+    h = Harness(slow_consumer_threshold=-1)
+    h.sub("c1")
+    h.send("A")
+    h.now += 3_600_000 * MS
+    b, fx = h.send("B")
+    assert to(fx, "c1") == [b.msg_id] and fx.stalled == []

@@ -69,11 +69,15 @@ class Tours:
     left_in_repo: list[str]  # names that appeared in the repository root while they ran
 
 
-def table(text: str) -> list[dict[str, str]]:
-    """The rows of a table printed by the CLI (rich's box drawing), as dicts by column name."""
-    header = next(line for line in text.splitlines() if line.startswith("┃"))
+def table(text: str, which: int = 0) -> list[dict[str, str]]:
+    """The rows of the `which`th table printed by the CLI (rich's box drawing), by column name."""
+    lines = text.splitlines()
+    tops = [i for i, line in enumerate(lines) if line.startswith("┏")]
+    lines = lines[tops[which] :]
+    lines = lines[: next(i for i, line in enumerate(lines) if line.startswith("└")) + 1]
+    header = next(line for line in lines if line.startswith("┃"))
     names = [cell.strip() for cell in header.strip("┃").split("┃")]
-    rows = [line for line in text.splitlines() if line.startswith("│")]
+    rows = [line for line in lines if line.startswith("│")]
     return [
         dict(zip(names, (c.strip() for c in r.strip("│").split("│")), strict=True)) for r in rows
     ]
@@ -199,10 +203,11 @@ def test_the_one_node_tour_gives_each_worker_one_group_in_order(
     assert all(row["owner"] == "-" and row["pending"] == "10" for row in pending.values())
 
     assert tour.output("pinmq wait tasks --consumers 3").strip() == "tasks: 3 consumer(s)"
-    pinned = {
-        row["group"]: row["owner"].split(" ")[0]
-        for row in table(tour.output("pinmq groups tasks", 1))
-    }
+    listing = tour.output("pinmq groups tasks", 1)
+    pinned = {row["group"]: row["owner"].split(" ")[0] for row in table(listing)}
+    consumers = table(listing, 1)
+    assert sorted(row["consumer"].split(" ")[0] for row in consumers) == ["c1", "c2", "c3"]
+    assert all(row["stalled"] == "-" and row["groups"] == "1" for row in consumers), consumers
     assert set(pinned) == {"alice", "bob", "carol"}
     assert sorted(pinned.values()) == ["c1", "c2", "c3"], pinned  # one group each
     assert tour.output("pinmq reset-groups tasks").strip() == "reset group alice of tasks"

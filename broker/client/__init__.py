@@ -21,7 +21,14 @@ from broker.client.errors import (
     RefusedForNow,
     Unavailable,
 )
-from broker.client.info import ClusterGroupInfo, ClusterGroups, ClusterStatus, GroupInfo, QueueInfo
+from broker.client.info import (
+    ClusterGroupInfo,
+    ClusterGroups,
+    ClusterStatus,
+    ConsumerInfo,
+    GroupInfo,
+    QueueInfo,
+)
 from broker.client.producer import Producer
 from broker.client.sync import SyncClient
 
@@ -37,6 +44,7 @@ __all__ = [
     "ClusterStatus",
     "ConnectionLost",
     "Consumer",
+    "ConsumerInfo",
     "GroupInfo",
     "InvalidArgument",
     "Item",

@@ -27,6 +27,7 @@ from broker.client.info import (
     ClusterGroupInfo,
     ClusterGroups,
     ClusterStatus,
+    ConsumerInfo,
     GroupInfo,
     QueueInfo,
     from_unix_ms,
@@ -177,6 +178,14 @@ class Client:
                 last_use=from_unix_ms(g.last_use_unix_ms),
             )
             for g in reply.groups
+        ]
+
+    async def consumers(self, queue: str) -> list[ConsumerInfo]:
+        """The queue's consumers: what each holds, and whether it stalls."""
+        reply = await self._call(self._admin.ListGroups, pb.ListGroupsRequest(queue=queue))
+        return [
+            ConsumerInfo(c.consumer_id, c.name, c.prefetch, c.unacked, c.groups, c.stalled_ms)
+            for c in reply.consumers
         ]
 
     async def reset_groups(self, queue: str, group: str | None = None) -> None:

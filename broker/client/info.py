@@ -27,6 +27,19 @@ class GroupInfo:
 
 
 @dataclass(slots=True, frozen=True)
+class ConsumerInfo:
+    """A consumer of a queue; `stalled_ms` > 0: it settled nothing for that long while it
+    held messages, so it gets no new group (slow-consumer-threshold)."""
+
+    consumer_id: str
+    name: str
+    prefetch: int
+    unacked: int
+    groups: int
+    stalled_ms: int
+
+
+@dataclass(slots=True, frozen=True)
 class ClusterGroupInfo:
     """A group on one queue instance (`queue@node`), as `Client.cluster_groups` lists it."""
 
