@@ -180,6 +180,8 @@ class StompSection(Strict):
     heart_beat_ms: int = Field(default=1000, ge=0)
     # A connection that has not sent CONNECT by then is closed.
     connect_timeout_ms: int = Field(default=10_000, gt=0)
+    # Connections the kernel queues before the node accepts them (capped by net.core.somaxconn).
+    listen_backlog: int = Field(default=4096, gt=0)
 
 
 class ClusterSection(Strict):
@@ -296,6 +298,13 @@ class NodeConfig(Strict):
                         f"addresses.{address}.queues.{queue}",
                     )
                 owner[queue] = address
+                if cfg.queues[queue].dead_letter_address == address:
+                    raise PydanticCustomError(
+                        "pinmq",
+                        f"addresses.{address}.queues.{queue}: dead-letter-address is the queue's "
+                        "own address, where a rejected message could only be dropped; name "
+                        "another address (DLQ by default) or null to drop on purpose",
+                    )
         return value
 
     @field_validator("address_settings")
@@ -307,6 +316,13 @@ class NodeConfig(Strict):
                     "pinmq",
                     f"bad match pattern {pattern!r}: expected words separated by '.', "
                     "with '#' and '*' only as whole words",
+                )
+            if value[pattern].dead_letter_address == pattern:  # an address, not a wildcard
+                raise PydanticCustomError(
+                    "pinmq",
+                    f"address-settings.{pattern}: dead-letter-address is the address itself, "
+                    "where a rejected message could only be dropped; name another address "
+                    "(DLQ by default) or null to drop on purpose",
                 )
         return value
 

@@ -368,11 +368,15 @@ class BrokerCore:
                 if m.queue in self._queues
                 else None
             )
-            if not dla or dla == m.address:
+            if not dla:
+                continue  # dead-letter-address null: dropped on purpose
+            if dla == m.address:
+                fx.dropped.append((m, f"rejected on its own dead-letter address {dla!r}"))
                 continue
             try:
                 self.check_address(dla)
-            except UnknownAddress:
+            except UnknownAddress as err:
+                fx.dropped.append((m, f"dead-letter address unusable: {err}"))
                 continue
             a = self._addresses.get(dla) or self._auto_create(dla, fx)
             headers = {

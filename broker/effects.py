@@ -53,6 +53,8 @@ class Effects:
     queues_created: list[tuple[str, str, QueueConfig]] = field(default_factory=list)
     # (queue, consumer name, unacked, ns without progress): passed over for new groups
     stalled: list[tuple[str, str, int, int]] = field(default_factory=list)
+    # dead messages with nowhere to go, and why: dropped (and logged), not silently
+    dropped: list[tuple[Message, str]] = field(default_factory=list)
 
     def merge(self, other: Effects) -> None:
         """Fold a later operation's effects in, so several operations cost one store write."""
@@ -63,3 +65,4 @@ class Effects:
         self.dead += other.dead
         self.queues_created += other.queues_created
         self.stalled += other.stalled
+        self.dropped += other.dropped

@@ -192,6 +192,8 @@ class Engine:
                 unacked=unacked,
                 seconds_without_settle=round(ns / 1e9, 1),
             )
+        for m, why in fx.dropped:
+            log.warning("dead message dropped", queue=m.queue, msg_id=m.msg_id, reason=why)
         for address, name, settings in fx.queues_created:
             if settings.durable:
                 self._watch(self.store.save_queue(address, name, _settings(settings)))

@@ -52,6 +52,18 @@ def group_seq(raw: str) -> int:
     return value
 
 
+def check_size(body: bytes, headers: Mapping[str, str], limit: int) -> None:
+    """`limits.max-message-size`: the body's bytes plus its header names and values."""
+    size = len(body)
+    if size + 4096 > limit:  # headers rarely add up to more: count them only near the limit
+        size += sum(len(k) + len(v) for k, v in headers.items())
+        if size > limit:
+            raise InvalidInput(
+                f"message of {size} bytes (body and headers) exceeds the max-message-size of "
+                f"{limit} bytes"
+            )
+
+
 def check_headers(headers: Mapping[str, str], max_headers: int, max_header_size: int) -> None:
     """Count and size of a message's headers, and the values the broker interprets."""
     if len(headers) > max_headers:

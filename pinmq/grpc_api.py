@@ -27,7 +27,8 @@ from broker.effects import Delivery
 from broker.engine import ConsumerStream, Engine, Receipt
 from broker.sending import Outgoing, SendPath
 from broker.store import StoreError
-from broker.validation import InvalidInput, check_headers
+from broker.validation import InvalidInput, check_headers, check_size
+from pinmq.grpc_decode import refuse_undecodable, register
 from pinmq_pb import client_pb2 as pb
 from pinmq_pb import client_pb2_grpc as pb_grpc
 
@@ -68,6 +69,8 @@ async def _abort(context: aio.ServicerContext, err: Exception) -> NoReturn:
         await _refuse(context, _status(err), str(err))
     if isinstance(err, StoreError):
         await _refuse(context, grpc.StatusCode.UNAVAILABLE, f"store write failed: {err}")
+    if isinstance(err, MemoryError):
+        await _refuse(context, grpc.StatusCode.RESOURCE_EXHAUSTED, "the node is out of memory")
     raise err
 
 
@@ -83,8 +86,8 @@ def make_server(
             *channels.serve_keepalive(),  # a frozen client is noticed, its deliveries go back
         ]
     )
-    pb_grpc.add_BrokerServicer_to_server(BrokerService(engine, sending), server)
-    pb_grpc.add_AdminServicer_to_server(AdminService(engine, admin), server)
+    register(pb_grpc.add_BrokerServicer_to_server, BrokerService(engine, sending), server)
+    register(pb_grpc.add_AdminServicer_to_server, AdminService(engine, admin), server)
     health_service = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_service, server)
     address = engine.config.listen.client
@@ -117,13 +120,8 @@ class BrokerService(pb_grpc.BrokerServicer):
             which = f"message {i} of the batch" if len(messages) > 1 else "message"
             if not m.address:
                 raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{which}: empty address")
-            size = m.ByteSize()
-            if size > self.max_size:
-                raise _Refused(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"{which}: {size} bytes exceeds the max-message-size of {self.max_size} bytes",
-                )
             try:
+                check_size(out.body, out.headers, self.max_size)
                 check_headers(out.headers, stomp.max_headers, stomp.max_header_size)
             except InvalidInput as err:
                 raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{which}: {err}") from None
@@ -182,6 +180,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                     request = await anext(request_iterator, None)
                     if request is None:
                         return
+                    await refuse_undecodable(request, context)
                     try:
                         results.put_nowait((n, *await self._send(request.messages)))
                     except (_Refused, CoreError) as err:
@@ -215,6 +214,7 @@ class BrokerService(pb_grpc.BrokerServicer):
     ) -> None:
         engine, core = self.engine, self.engine.core
         first = await context.read()
+        await refuse_undecodable(first, context)
         if first is aio.EOF:
             return
         if first.WhichOneof("kind") != "subscribe":
@@ -267,6 +267,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         engine, core = self.engine, self.engine.core
         ops = {"ack": core.ack, "release": core.release, "reject": core.reject}
         while (request := await context.read()) is not aio.EOF:
+            await refuse_undecodable(request, context)
             kind = request.WhichOneof("kind")
             if kind not in ops:
                 raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"unexpected {kind} message")

@@ -72,6 +72,7 @@ class NodeProcess:
         for key, value in (extra or {}).items():
             config[key] = {**config.get(key, {}), **value} if isinstance(value, dict) else value
         self.http = config["listen"]["http"]  # host:port of GET /healthz and /readyz
+        self.stomp_port = int(config["listen"]["stomp"].rpartition(":")[2])
         self.config_path.write_text(yaml.safe_dump(config))
         self.proc: subprocess.Popen[bytes] | None = None
 

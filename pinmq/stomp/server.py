@@ -50,7 +50,9 @@ class StompServer:
         """Bind and accept; raises OSError naming the address when it cannot listen."""
         host, port = split_host_port(self.address)
         try:
-            self._server = await asyncio.start_server(self._accept, host, port)
+            self._server = await asyncio.start_server(
+                self._accept, host, port, backlog=self.node.config.stomp.listen_backlog
+            )
         except OSError as err:
             reason = os.strerror(err.errno) if err.errno else str(err)
             raise OSError(f"cannot listen on {self.address} for STOMP: {reason}") from None

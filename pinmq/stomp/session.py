@@ -194,15 +194,9 @@ class Session:
         h = frame.headers
         address = queue_name(required(frame, "destination"))
         body = frame.body
-        if len(body) + 4096 > self.max_message_size:
-            size = len(body) + sum(len(k) + len(v) for k, v in h.items())
-            if size > self.max_message_size:
-                raise ProtocolError(
-                    f"message of {size} bytes exceeds the max-message-size of "
-                    f"{self.max_message_size} bytes"
-                )
         headers = {k: v for k, v in h.items() if k not in SEND_ONLY}
         try:
+            validation.check_size(body, headers, self.max_message_size)
             persistent = validation.persistent(h.get("persistent"))
             seq = headers.get(GROUP_SEQ_HEADER)
             if seq is not None:
