@@ -132,6 +132,9 @@ class AddressSettings(Strict):
     default_consumers_before_dispatch: int = Field(default=0, ge=0)
     default_delay_before_dispatch: int = Field(default=-1, ge=-1)
     default_slow_consumer_threshold: int = Field(default=10_000, ge=-1)
+    # Artemis: an auto-created queue that is empty and has no consumer for this long is deleted.
+    auto_delete_queues: bool = True
+    auto_delete_queues_delay: int = Field(default=30_000, ge=0)
 
     @field_validator("default_group_header")
     @classmethod
@@ -163,6 +166,8 @@ class LimitsSection(Strict):
     max_message_size: int = Field(default=10 * 1024 * 1024, gt=0)
     # Deliveries a consumer may hold unacknowledged; a larger prefetch asked for is cut to it.
     max_prefetch: int = Field(default=10_000, gt=0)
+    # Queues a node holds (its internal store-and-forward queues not counted).
+    max_queues: int = Field(default=10_000, gt=0)
 
 
 class StompSection(Strict):

@@ -45,6 +45,10 @@ class QueueExists(CoreError):
     code = "already_exists"
 
 
+class TooManyQueues(CoreError):
+    code = "resource_exhausted"
+
+
 class UnknownGroup(CoreError):
     code = "not_found"
 
@@ -64,11 +68,13 @@ class BrokerCore:
         self.config = config
         self._addresses: dict[str, _Address] = {}
         self._queues: dict[str, Queue] = {}
+        self._visible = 0  # queues counted against limits.max-queues (not internal `$` ones)
+        self._idle_since: dict[str, int] = {}  # auto-created queue -> found idle since (ns)
         self._next_id = 1
         for name, address in config.addresses.items():
             self._address(name, address.routing_type)
             for queue_name, settings in address.queues.items():
-                self._add_queue(name, queue_name, settings)
+                self._add_queue(name, queue_name, settings, restoring=True)
 
     # ---- queues -----------------------------------------------------------------------
 
@@ -81,17 +87,22 @@ class BrokerCore:
     def queues(self) -> list[Queue]:
         return list(self._queues.values())
 
-    def create_queue(self, address: str, name: str, settings: QueueConfig) -> None:
+    def create_queue(
+        self, address: str, name: str, settings: QueueConfig, auto_created: bool = False
+    ) -> None:
+        """`auto_created`: on a client's SUBSCRIBE (auto-delete-queues applies to it)."""
         _check_name(address, "address")
         _check_name(name, "queue name")
         if name in self._queues:
             raise QueueExists(f"queue {name!r} already exists")
-        self._add_queue(address, name, settings)
+        self._add_queue(address, name, settings, auto_created)
 
     def delete_queue(self, name: str) -> Effects:
         q = self.queue(name)
         fx = Effects(removed=q.held())
         del self._queues[name]
+        self._visible -= not name.startswith("$")
+        self._idle_since.pop(name, None)
         a = self._addresses[q.address]
         a.queues.remove(name)
         a.pins = {k: v for k, v in a.pins.items() if v != name}
@@ -99,10 +110,12 @@ class BrokerCore:
             del self._addresses[a.name]  # auto-created: the next send creates it again
         return fx
 
-    def restore_queue(self, address: str, name: str, settings: QueueConfig) -> None:
+    def restore_queue(
+        self, address: str, name: str, settings: QueueConfig, auto_created: bool = False
+    ) -> None:
         """A queue recorded in the store; the config's own definition wins."""
         if name not in self._queues:
-            self._add_queue(address, name, settings)
+            self._add_queue(address, name, settings, auto_created, restoring=True)
 
     def restore_messages(self, messages: Iterable[Message], next_msg_id: int) -> int:
         """Reload stored messages (in msg_id order); returns how many had no queue any more."""
@@ -178,7 +191,7 @@ class BrokerCore:
             if not (rules.auto_create_queues and rules.auto_create_addresses):
                 return self._no_route(address, queue, body, headers, persistent, now_ns, fx)
             settings = rules.queue_config()
-            q = self._add_queue(address, queue, settings)
+            q = self._add_queue(address, queue, settings, auto_created=True)
             fx.queues_created.append((address, queue, settings))
         msg_id = self._next_id
         self._next_id += 1
@@ -310,14 +323,51 @@ class BrokerCore:
             a = self._addresses[name] = _Address(name, routing_type)
         return a
 
-    def _add_queue(self, address: str, name: str, settings: QueueConfig) -> Queue:
+    def _add_queue(
+        self,
+        address: str,
+        name: str,
+        settings: QueueConfig,
+        auto_created: bool = False,
+        restoring: bool = False,
+    ) -> Queue:
+        limit = self.config.limits.max_queues
+        if not restoring and not name.startswith("$") and self._visible >= limit:
+            raise TooManyQueues(
+                f"cannot create queue {name!r}: the node holds {limit} queues (limits.max-queues)"
+            )
         q = self._queues[name] = Queue(name, address, settings)
+        q.auto_created = auto_created
+        self._visible += not name.startswith("$")
         self._address(address, "anycast").queues.append(name)
         return q
 
+    def idle_queues(self, now_ns: int) -> list[str]:
+        """Auto-created queues empty and without consumers for their auto-delete-queues-delay.
+
+        A queue's idle time is counted from the first call that finds it idle; call this
+        every second or so (it looks at every queue).
+        """
+        idle, since = [], self._idle_since
+        for name, q in self._queues.items():
+            if not q.auto_created or q.depth or q.consumer_count:
+                since.pop(name, None)
+                continue
+            rules = self.config.settings_for(q.address)
+            if not rules.auto_delete_queues:
+                continue
+            start = since.setdefault(name, now_ns)
+            if now_ns - start >= rules.auto_delete_queues_delay * 1_000_000:
+                idle.append(name)
+        return idle
+
+    def is_idle(self, name: str) -> bool:
+        q = self._queues.get(name)
+        return q is not None and q.auto_created and not q.depth and not q.consumer_count
+
     def _auto_create(self, address: str, fx: Effects) -> _Address:
         settings = self.config.queue_config_for(address)
-        self._add_queue(address, address, settings)
+        self._add_queue(address, address, settings, auto_created=True)
         fx.queues_created.append((address, address, settings))
         return self._addresses[address]
 
@@ -375,10 +425,10 @@ class BrokerCore:
                 continue
             try:
                 self.check_address(dla)
-            except UnknownAddress as err:
+                a = self._addresses.get(dla) or self._auto_create(dla, fx)
+            except (UnknownAddress, TooManyQueues) as err:
                 fx.dropped.append((m, f"dead-letter address unusable: {err}"))
                 continue
-            a = self._addresses.get(dla) or self._auto_create(dla, fx)
             headers = {
                 **m.headers,
                 ORIGINAL_ADDRESS_HEADER: m.address,

@@ -12,6 +12,7 @@ to the `Observer`s they register.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,8 @@ from broker.message import Message
 from broker.store import Store, StoreError
 
 TICK_S = 0.05
+SWEEP_S = 1.0  # how often idle auto-created queues are looked for
+AUTO_CREATED = "pinmq-auto-created"  # marks a stored queue definition as auto-created
 STORE_FILE = "store.db"
 log = logs.get("node")
 
@@ -133,7 +136,8 @@ class Engine:
             self.store_path.parent.mkdir(parents=True, exist_ok=True)
             self._store = store = Store.open(self.store_path)
             for address, name, settings in store.load_queues():
-                self.core.restore_queue(address, name, QueueConfig.model_validate(settings))
+                auto = bool(settings.pop(AUTO_CREATED, False))
+                self.core.restore_queue(address, name, QueueConfig.model_validate(settings), auto)
             messages = store.load_messages()
         except (StoreError, OSError, ValidationError) as err:
             raise StartupError(f"cannot open store {self.store_path}: {err}") from None
@@ -196,7 +200,8 @@ class Engine:
             log.warning("dead message dropped", queue=m.queue, msg_id=m.msg_id, reason=why)
         for address, name, settings in fx.queues_created:
             if settings.durable:
-                self._watch(self.store.save_queue(address, name, _settings(settings)))
+                stored = {**_settings(settings), AUTO_CREATED: True}  # created by a send
+                self._watch(self.store.save_queue(address, name, stored))
             for observer in self.observers:
                 observer.queues_changed()
         added = [m for m in fx.added if m.persistent]
@@ -322,9 +327,20 @@ class Engine:
                 self._push(step.deliveries, step.receipt)
 
     async def _tick_loop(self) -> None:
+        sweep_at = 0.0
         while True:
             await asyncio.sleep(TICK_S)
             self.apply(self.core.tick(now_ns()))
+            if time.monotonic() >= sweep_at:
+                sweep_at = time.monotonic() + SWEEP_S
+                await self._delete_idle_queues()
+
+    async def _delete_idle_queues(self) -> None:
+        """auto-delete-queues: auto-created queues left empty and unused go."""
+        for name in self.core.idle_queues(now_ns()):
+            if self.core.is_idle(name):  # still: a send may have come during the last delete
+                log.info("auto-created queue deleted: empty and unused", queue=name)
+                await self.delete_queue(name)
 
     # ---- consumers and queues ----------------------------------------------------------------
 
@@ -333,12 +349,16 @@ class Engine:
             if stream.queue == queue:
                 stream.end(code, reason)
 
-    async def create_queue(self, address: str, name: str, settings: QueueConfig) -> None:
-        self.core.create_queue(address, name, settings)
+    async def create_queue(
+        self, address: str, name: str, settings: QueueConfig, auto_created: bool = False
+    ) -> None:
+        """`auto_created`: for a client's SUBSCRIBE, so auto-delete-queues applies to it."""
+        self.core.create_queue(address, name, settings, auto_created)
         for observer in self.observers:
             observer.queues_changed()
         if settings.durable:
-            await self._watch(self.store.save_queue(address, name, _settings(settings)))
+            stored = {**_settings(settings), **({AUTO_CREATED: True} if auto_created else {})}
+            await self._watch(self.store.save_queue(address, name, stored))
 
     async def delete_queue(self, name: str) -> int:
         """Delete a queue and its messages; its consumers' streams end with NOT_FOUND."""

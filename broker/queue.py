@@ -93,6 +93,7 @@ class Queue:
         self._slow_ns = threshold * 1_000_000 if threshold >= 0 else -1
         self._started = False  # consumers-before-dispatch / delay-before-dispatch satisfied
         self._first_consumer_ns: int | None = None
+        self.auto_created = False  # by a send or subscribe: auto-delete-queues applies
 
     # ---- inspection -------------------------------------------------------------------
 

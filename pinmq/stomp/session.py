@@ -263,7 +263,8 @@ class Session:
         self, queue: str, sub_id: str, mode: str, prefetch: int
     ) -> None:
         with contextlib.suppress(QueueExists):  # a SEND may have created it meanwhile
-            await self.node.create_queue(queue, queue, self.node.config.queue_config_for(queue))
+            config = self.node.config.queue_config_for(queue)
+            await self.node.create_queue(queue, queue, config, auto_created=True)
         self._now = now_ns()
         self._register(queue, sub_id, mode, prefetch)
 
