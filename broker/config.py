@@ -185,6 +185,8 @@ class StompSection(Strict):
     heart_beat_ms: int = Field(default=1000, ge=0)
     # A connection that has not sent CONNECT by then is closed.
     connect_timeout_ms: int = Field(default=10_000, gt=0)
+    # A frame must be complete this long after its first byte, whatever the heart-beat.
+    frame_timeout_ms: int = Field(default=30_000, gt=0)
     # Connections the kernel queues before the node accepts them (capped by net.core.somaxconn).
     listen_backlog: int = Field(default=4096, gt=0)
 

@@ -76,6 +76,12 @@ class FrameParser:
         """Bytes received but not yet handed out as a frame (a partial frame, EOLs)."""
         return len(self._buf) - self._pos
 
+    def release(self) -> None:
+        """Drop whatever is buffered (the connection ended): its memory goes at once."""
+        self._buf = bytearray()
+        self._pos = self._scan = 0
+        self._head = None
+
     def feed(self, data: bytes) -> None:
         pos = self._pos
         if pos:

@@ -99,6 +99,7 @@ class Connection:
         self.session = Session(node, sending, session_id, self.out, where)
         self.session.on_closing = self._closing
         self.connect_timeout_s = node.config.stomp.connect_timeout_ms / 1000
+        self.frame_timeout_s = node.config.stomp.frame_timeout_ms / 1000
         self.task = asyncio.current_task()
         self.last_read = self.last_write = self.loop.time()
 
@@ -135,6 +136,7 @@ class Connection:
         reader, session, loop = self.reader, self.session, self.loop
         beats: asyncio.Task[None] | None = None
         deadline = loop.time() + self.connect_timeout_s
+        frame_deadline = 0.0
         try:
             while not session.closing:
                 if session.version is None:
@@ -147,12 +149,26 @@ class Connection:
                             f"no CONNECT frame within {self.connect_timeout_s * 1000:.0f} ms"
                         )
                         return beats
+                elif session.parser.buffered:  # a frame has begun: it must end in time
+                    try:
+                        data = await asyncio.wait_for(
+                            reader.read(READ_CHUNK), max(0.0, frame_deadline - loop.time())
+                        )
+                    except TimeoutError:
+                        session.fail(
+                            f"frame not completed within {self.frame_timeout_s * 1000:.0f} ms"
+                        )
+                        return beats
                 else:
                     data = await reader.read(READ_CHUNK)
                 if not data:
                     return beats
                 self.last_read = loop.time()
+                frames = session.frames
+                began = not session.parser.buffered
                 await session.receive(data)
+                if session.parser.buffered and (began or session.frames != frames):
+                    frame_deadline = loop.time() + self.frame_timeout_s  # a new frame began
                 if beats is None and any(session.heart_beat) and not session.closing:
                     beats = asyncio.create_task(self._heart_beats())
                 if session.pending_bytes > HIGH_WATER:

@@ -90,6 +90,7 @@ class Session:
         s = self.settings
         self.parser = FrameParser(Limits(s.max_frame_size, s.max_headers, s.max_header_size))
         self.version: str | None = None  # set by CONNECT
+        self.frames = 0  # frames received
         self.heart_beat = (0, 0)  # (ms between our heart-beats, ms expected from the client)
         self.closing = False  # no more frames are read; the connection closes after `out`
         self.on_closing: Callable[[], None] | None = None  # the shell's watchdog
@@ -138,6 +139,7 @@ class Session:
                     return
                 if frame is None:
                     return
+                self.frames += 1
                 try:
                     pending = self.handle(frame)
                     if pending is not None:
@@ -395,6 +397,11 @@ class Session:
         for sub in subs:
             self._close_subscription(sub)
         self.flush()
+        # A partial frame can be megabytes, and the session sits in reference cycles (its
+        # handlers are its own bound methods) that only the cycle collector would free.
+        self.parser.release()
+        self._handlers = {}
+        self.on_closing = None
 
     def fail(
         self, message: str, receipt: str | None = None, headers: dict[str, str] | None = None
