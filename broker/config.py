@@ -166,6 +166,9 @@ class LimitsSection(Strict):
     max_message_size: int = Field(default=10 * 1024 * 1024, gt=0)
     # Deliveries a consumer may hold unacknowledged; a larger prefetch asked for is cut to it.
     max_prefetch: int = Field(default=10_000, gt=0)
+    # Messages in one gRPC batch or STOMP transaction: each is routed in one go, and a larger
+    # one would hold up every other client meanwhile.
+    max_batch_messages: int = Field(default=1_000, gt=0)
     # Queues a node holds (its internal store-and-forward queues not counted).
     max_queues: int = Field(default=10_000, gt=0)
 

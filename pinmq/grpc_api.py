@@ -112,6 +112,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         self.engine = engine
         self.sending = sending
         self.max_size = engine.config.limits.max_message_size
+        self.max_batch = engine.config.limits.max_batch_messages
 
     def _check(self, messages: list[pb.Message], batch: list[Outgoing]) -> None:
         """Size, headers and the header values the broker reads (broker/validation.py)."""
@@ -134,6 +135,12 @@ class BrokerService(pb_grpc.BrokerServicer):
         Returns at once unless the send path must await something (a grouping decision).
         """
         messages = list(messages)
+        if len(messages) > self.max_batch:
+            raise _Refused(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"a batch of {len(messages)} messages: more than limits.max-batch-messages "
+                f"({self.max_batch}); send it as several batches",
+            )
         batch = [Outgoing(m.address, m.body, _dict(m.headers), m.persistent) for m in messages]
         self._check(messages, batch)
         sender = self.sending

@@ -28,7 +28,8 @@ LIMIT = 64 * 1024
 
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[NodeProcess]:
-    extra = {"limits": {"max-message-size": LIMIT}, "stomp": {"listen-backlog": 777}}
+    limits = {"max-message-size": LIMIT, "max-batch-messages": 10}
+    extra = {"limits": limits, "stomp": {"listen-backlog": 777}}
     node = NodeProcess(tmp_path, extra).start()
     yield node
     node.kill()
@@ -60,6 +61,35 @@ async def test_max_message_size_counts_body_and_headers_on_grpc_and_stomp(
             r.close()
         [info] = [q for q in await client.queues() if q.name == queue]
         assert info.depth == 2
+
+
+async def test_a_batch_or_transaction_over_max_batch_messages_is_refused_whole(
+    node: NodeProcess,
+) -> None:
+    queue = unique("batch")
+    async with Client(node.url) as client:
+        await client.create_queue(queue)
+        producer = client.producer(queue)
+        await producer.send_batch([b"m"] * 10)
+        with pytest.raises(InvalidArgument, match=r"a batch of 11 messages: more than limits"):
+            await producer.send_batch([b"m"] * 11)
+        r = Raw(node.stomp_port)
+        try:
+            r.connect()
+            frames = [encode_frame("BEGIN", {"transaction": "t"}, b"", version="1.2")]
+            for _ in range(11):
+                send = {"destination": f"/queue/{queue}", "transaction": "t"}
+                frames.append(encode_frame("SEND", send, b"m", version="1.2"))
+            r.send(b"".join(frames))
+            error = r.frame()
+            assert error.command == "ERROR"
+            assert (
+                "holds 10 frames, the limit (limits.max-batch-messages)" in error.headers["message"]
+            )
+        finally:
+            r.close()
+        [info] = [q for q in await client.queues() if q.name == queue]
+        assert info.depth == 10
 
 
 async def test_a_message_over_4_mib_reaches_the_python_client(tmp_path: Path) -> None:

@@ -160,9 +160,10 @@ class Transaction:
 class Transactions:
     """A connection's open transactions and the bytes they buffer, within the limits."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_ops: int) -> None:
         self._open: dict[str, Transaction] = {}
         self._bytes = 0
+        self.max_ops = max_ops  # frames one transaction may hold (limits.max-batch-messages)
 
     def begin(self, tx: str) -> None:
         if tx in self._open:
@@ -175,6 +176,11 @@ class Transactions:
         t = self._open.get(tx)
         if t is None:
             raise ProtocolError(f"no transaction {tx!r} on this connection")
+        if len(t.ops) >= self.max_ops:
+            raise ProtocolError(
+                f"transaction {tx!r} holds {self.max_ops} frames, the limit "
+                "(limits.max-batch-messages)"
+            )
         if self._bytes + size > MAX_TRANSACTION_BYTES:
             raise ProtocolError(
                 f"transactions hold more than {MAX_TRANSACTION_BYTES} bytes of messages"

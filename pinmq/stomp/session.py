@@ -100,7 +100,7 @@ class Session:
         self.by_consumer: dict[str, Subscription] = {}
         # STOMP 1.0/1.1 acknowledge by message-id: msg id -> (subscription, delivery id)
         self.by_msg_id: dict[int, tuple[Subscription, int]] = {}
-        self.txs = Transactions()
+        self.txs = Transactions(node.config.limits.max_batch_messages)
         self._n_subs = 0
         self._name = session_id
         self._now = 0

@@ -1,0 +1,83 @@
+"""Memory a STOMP connection no longer needs: RSS of a node across rounds of parked frames.
+
+One `pinmq node` (bench/harness). Each round opens `--sockets` STOMP connections that send
+CONNECT and then most of one large SEND frame (`--parked` MiB of a frame of `--frame` MiB),
+then closes them all. Printed per round: the node's RSS at its start, with every frame
+parked, and after the connections closed. The node should come back near where the round
+began (the report had 0.1 -> 2.1 -> 4.0 -> 4.9 GB over three rounds of 200 x 9.5 MiB).
+No threshold is asserted; the node is stopped on exit, error, Ctrl-C or SIGTERM.
+
+Usage: python bench/connection_memory.py [--rounds R] [--sockets N] [--parked MIB] [--frame MIB]
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+from harness.nodes import running_node
+from harness.procs import run_main
+
+from pinmq.stomp.frames import encode_frame
+
+MIB = 1 << 20
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+def settled(pid: int) -> float:
+    """RSS once it stops moving (by less than 1 MiB in 100 ms)."""
+    last = rss_mib(pid)
+    for _ in range(50):
+        time.sleep(0.1)
+        now = rss_mib(pid)
+        if abs(now - last) < 1:
+            return now
+        last = now
+    return last
+
+
+def main() -> bool:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--sockets", type=int, default=200)
+    parser.add_argument("--parked", type=float, default=9.5, help="MiB sent of each frame")
+    parser.add_argument("--frame", type=float, default=10.0, help="MiB the frame announces")
+    args = parser.parse_args()
+    frame, parked = int(args.frame * MIB), int(args.parked * MIB)
+    stomp = {"max-frame-size": frame + 4096, "heart-beat-ms": 0, "listen-backlog": 4096}
+    extra = {"stomp": stomp, "limits": {"max-message-size": frame}}
+    head = f"SEND\ndestination:/queue/parked\ncontent-length:{frame}\n\n".encode()
+    connect = encode_frame("CONNECT", {"accept-version": "1.2", "host": "x"}, b"")
+    with (
+        tempfile.TemporaryDirectory(prefix="pinmq-conn-mem-") as tmp,
+        running_node(Path(tmp), extra) as node,
+    ):
+        port = int(node.listen["stomp"].rpartition(":")[2])
+        print(f"{args.rounds} rounds of {args.sockets} connections x {args.parked} MiB parked")
+        print(f"{'round':>5} {'start MiB':>10} {'parked MiB':>11} {'after MiB':>10}")
+        for i in range(1, args.rounds + 1):
+            start = settled(node.pid)
+            socks = []
+            for _ in range(args.sockets):
+                s = socket.create_connection(("127.0.0.1", port))
+                s.sendall(connect + head + b"x" * parked)
+                socks.append(s)
+            peak = settled(node.pid)
+            for s in socks:
+                s.close()
+            after = settled(node.pid)
+            print(f"{i:5d} {start:10.0f} {peak:11.0f} {after:10.0f}", flush=True)
+    return True
+
+
+if __name__ == "__main__":
+    run_main(main)
