@@ -210,7 +210,7 @@ class BrokerCore:
         self._dead_letter(now_ns, fx)
         return msg_id, fx
 
-    def names(self, name: str) -> bool:
+    def exists(self, name: str) -> bool:
         """A queue or an address of that name exists (a dict lookup each, whatever the count)."""
         return name in self._queues or name in self._addresses
 
@@ -337,7 +337,10 @@ class BrokerCore:
                 f"cannot create queue {name!r}: the node holds {limit} queues (limits.max-queues)"
             )
         q = self._queues[name] = Queue(name, address, settings)
-        q.auto_created = auto_created
+        if auto_created:
+            rules = self.config.settings_for(address)
+            if rules.auto_delete_queues:
+                q.idle_limit_ns = rules.auto_delete_queues_delay * 1_000_000
         self._visible += not name.startswith("$")
         self._address(address, "anycast").queues.append(name)
         return q
@@ -350,20 +353,18 @@ class BrokerCore:
         """
         idle, since = [], self._idle_since
         for name, q in self._queues.items():
-            if not q.auto_created or q.depth or q.consumer_count:
+            limit = q.idle_limit_ns
+            if limit is None or q.depth or q.consumer_count:
                 since.pop(name, None)
-                continue
-            rules = self.config.settings_for(q.address)
-            if not rules.auto_delete_queues:
-                continue
-            start = since.setdefault(name, now_ns)
-            if now_ns - start >= rules.auto_delete_queues_delay * 1_000_000:
+            elif now_ns - since.setdefault(name, now_ns) >= limit:
                 idle.append(name)
         return idle
 
     def is_idle(self, name: str) -> bool:
         q = self._queues.get(name)
-        return q is not None and q.auto_created and not q.depth and not q.consumer_count
+        if q is None or q.idle_limit_ns is None:
+            return False
+        return not q.depth and not q.consumer_count
 
     def _auto_create(self, address: str, fx: Effects) -> _Address:
         settings = self.config.queue_config_for(address)

@@ -93,7 +93,8 @@ class Queue:
         self._slow_ns = threshold * 1_000_000 if threshold >= 0 else -1
         self._started = False  # consumers-before-dispatch / delay-before-dispatch satisfied
         self._first_consumer_ns: int | None = None
-        self.auto_created = False  # by a send or subscribe: auto-delete-queues applies
+        # Auto-created with auto-delete-queues: deleted once empty and unused this long.
+        self.idle_limit_ns: int | None = None
 
     # ---- inspection -------------------------------------------------------------------
 

@@ -121,6 +121,19 @@ class Drill:
         worker.task = asyncio.create_task(worker.run(client, self.queue, self.drain))
         return worker
 
+    async def kill_holding(self, node_id: str) -> int:
+        """Kill a node (-9) once its worker holds HOLD unacked deliveries (its stream ends);
+        when it was killed (ns)."""
+        worker = self.workers[f"worker-{node_id}"]
+        async with asyncio.timeout(WAIT_S):
+            while len(worker.held) < HOLD:
+                await asyncio.sleep(0.02)
+        killed = time.time_ns()
+        self.nodes.stop(node_id, signal.SIGKILL)
+        with pytest.raises(PinmqError):
+            await worker.task  # type: ignore[misc]
+        return killed
+
     async def send(
         self, turns: range, via: tuple[str, ...] = ("n1", "n2"), keep: bool = False
     ) -> None:
@@ -206,14 +219,7 @@ async def test_a_remote_node_killed_with_messages_out_comes_back_without_breakin
     await drill.start()
     try:
         await drill.send(range(PER_GROUP // 2))
-        n3 = drill.workers["worker-n3"]
-        async with asyncio.timeout(WAIT_S):
-            while len(n3.held) < HOLD:  # n3 holds deliveries it never acks
-                await asyncio.sleep(0.02)
-        killed = time.time_ns()
-        nodes.stop("n3", signal.SIGKILL)
-        with pytest.raises(PinmqError):
-            await n3.task  # type: ignore[misc]
+        killed = await drill.kill_holding("n3")  # n3 holds deliveries it never acks
         # The senders go on while n3 is away, before and after 3x the handler timeout: n3's
         # groups wait for it, in order, in the senders' store-and-forward queues.
         await drill.send(range(PER_GROUP // 2, PER_GROUP * 2 // 3))
@@ -248,13 +254,7 @@ async def test_with_rebind_absent_after_a_returning_node_moves_its_groups_to_the
     await drill.start()
     try:
         await drill.send(range(PER_GROUP // 3), keep=True)
-        n3 = drill.workers["worker-n3"]
-        async with asyncio.timeout(WAIT_S):
-            while len(n3.held) < HOLD:
-                await asyncio.sleep(0.02)
-        nodes.stop("n3", signal.SIGKILL)
-        with pytest.raises(PinmqError):
-            await n3.task  # type: ignore[misc]
+        await drill.kill_holding("n3")
         await drill.send(range(PER_GROUP // 3, PER_GROUP // 2), keep=True)  # wait for n3, in SF
         await asyncio.sleep(3 * TIMEOUT_MS / 1000)  # n3's bindings go
         await drill.send(range(PER_GROUP // 2, PER_GROUP), keep=True)  # bound on n1 / n2 now
@@ -344,13 +344,7 @@ async def test_the_local_node_killed_and_restarted_under_load_breaks_no_group(
     await drill.start()
     try:
         await drill.send(range(10), via=("n2", "n3"))
-        n1 = drill.workers["worker-n1"]
-        async with asyncio.timeout(WAIT_S):
-            while len(n1.held) < HOLD:
-                await asyncio.sleep(0.02)
-        nodes.stop("n1", signal.SIGKILL)
-        with pytest.raises(PinmqError):
-            await n1.task  # type: ignore[misc]
+        await drill.kill_holding("n1")
         # Bound groups flow without the arbiter: REMOTE nodes route them from their caches.
         await drill.send(range(10, 20), via=("n2", "n3"))
         assert len(drill.confirmed) == GROUPS * 20

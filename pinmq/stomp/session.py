@@ -254,7 +254,7 @@ class Session:
 
     def _may_create(self, queue: str) -> bool:
         """Whether SUBSCRIBE must auto-create `queue` (Artemis: auto-create-queues)."""
-        if self.core.names(queue):
+        if self.core.exists(queue):
             return False
         if queue in self.node.config.addresses:
             return False
