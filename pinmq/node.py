@@ -14,6 +14,8 @@ import ctypes
 import gc
 import signal
 import time
+from collections.abc import Coroutine
+from typing import Any
 
 from grpc import aio
 from grpc_health.v1 import health, health_pb2
@@ -140,11 +142,11 @@ class Node:
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
         if self.claims is not None:
-            await self.claims.stop()
+            await _bounded("group claims", self.claims.stop())
         if self.handler is not None:  # first: it ends its Removals streams on the cluster server
-            await self.handler.stop()
+            await _bounded("grouping handler", self.handler.stop())
         if self.cluster is not None:
-            await self.cluster.stop()
+            await _bounded("cluster", self.cluster.stop())
         self.engine.end_streams("the node is shutting down")
         if self._stomp is not None:
             await self._stomp.stop(grace_s)
@@ -310,6 +312,21 @@ async def serve(config: NodeConfig) -> int:
     stopping.cancel()
     await node.stop()
     return 1 if node.failed.done() else 0
+
+
+STEP_LIMIT_S = 5.0  # a stop step that takes longer is abandoned (and logged)
+
+
+async def _bounded(step: str, stopping: Coroutine[Any, Any, None]) -> None:
+    """Run one step of a clean stop for at most STEP_LIMIT_S: a step that hangs (a peer's
+    channel that does not close) must not keep the node from exiting and closing its store."""
+    task = asyncio.ensure_future(stopping)
+    done, _ = await asyncio.wait({task}, timeout=STEP_LIMIT_S)
+    if not done:
+        task.cancel()
+        log.warning("stop step did not finish in time: going on without it", step=step)
+    elif task.exception() is not None:
+        log.error("stop step failed", step=step, error=repr(task.exception()))
 
 
 M_MMAP_THRESHOLD = -3  # glibc mallopt parameter

@@ -9,10 +9,12 @@ same busy cluster is stopped several times.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 from pathlib import Path
 
+import pytest
 from cluster_nodes import ClusterNodes, Collector, grouping, stomp_send
 from conftest import unique
 
@@ -87,3 +89,21 @@ async def test_sigterm_to_every_node_of_a_busy_cluster_stops_each_cleanly(tmp_pa
                 assert '"node stopped"' in lines[-1], f"{node_id} ended with {lines[-1]}"
     finally:
         nodes.kill_all()
+
+
+async def test_a_stop_step_that_hangs_is_abandoned_so_the_node_still_exits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pinmq import node as node_module
+
+    monkeypatch.setattr(node_module, "STEP_LIMIT_S", 0.2)
+    never = asyncio.get_running_loop().create_future()
+    hanging = asyncio.ensure_future(never)
+
+    async def hangs() -> None:
+        await hanging
+
+    async with asyncio.timeout(5):
+        await node_module._bounded("a peer's channel", hangs())
+    await asyncio.sleep(0)
+    assert hanging.cancelled()  # what it waited on was let go
