@@ -98,8 +98,8 @@ class Connection:
         where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.session = Session(node, sending, session_id, self.out, where)
         self.session.on_closing = self._closing
-        self.connect_timeout_s = node.config.stomp.connect_timeout_ms / 1000
-        self.frame_timeout_s = node.config.stomp.frame_timeout_ms / 1000
+        self.connect_timeout_ms = node.config.stomp.connect_timeout_ms
+        self.frame_timeout_ms = node.config.stomp.frame_timeout_ms
         self.task = asyncio.current_task()
         self.last_read = self.last_write = self.loop.time()
 
@@ -135,32 +135,30 @@ class Connection:
         """Read until EOF or the session closes; returns the heart-beat task, if started."""
         reader, session, loop = self.reader, self.session, self.loop
         beats: asyncio.Task[None] | None = None
-        deadline = loop.time() + self.connect_timeout_s
+        deadline = loop.time() + self.connect_timeout_ms / 1000
         frame_deadline = 0.0
         try:
             while not session.closing:
+                # Before CONNECT, and once a frame has begun, the read has a deadline.
                 if session.version is None:
-                    try:
-                        data = await asyncio.wait_for(
-                            reader.read(READ_CHUNK), max(0.0, deadline - loop.time())
-                        )
-                    except TimeoutError:
-                        session.fail(
-                            f"no CONNECT frame within {self.connect_timeout_s * 1000:.0f} ms"
-                        )
-                        return beats
-                elif session.parser.buffered:  # a frame has begun: it must end in time
-                    try:
-                        data = await asyncio.wait_for(
-                            reader.read(READ_CHUNK), max(0.0, frame_deadline - loop.time())
-                        )
-                    except TimeoutError:
-                        session.fail(
-                            f"frame not completed within {self.frame_timeout_s * 1000:.0f} ms"
-                        )
-                        return beats
+                    limit, late = deadline, f"no CONNECT frame within {self.connect_timeout_ms}"
+                elif session.parser.buffered:
+                    limit, late = (
+                        frame_deadline,
+                        f"frame not completed within {self.frame_timeout_ms}",
+                    )
                 else:
+                    limit = late = None
+                if limit is None:
                     data = await reader.read(READ_CHUNK)
+                else:
+                    try:
+                        data = await asyncio.wait_for(
+                            reader.read(READ_CHUNK), max(0.0, limit - loop.time())
+                        )
+                    except TimeoutError:
+                        session.fail(f"{late} ms")
+                        return beats
                 if not data:
                     return beats
                 self.last_read = loop.time()
@@ -168,7 +166,7 @@ class Connection:
                 began = not session.parser.buffered
                 await session.receive(data)
                 if session.parser.buffered and (began or session.frames != frames):
-                    frame_deadline = loop.time() + self.frame_timeout_s  # a new frame began
+                    frame_deadline = loop.time() + self.frame_timeout_ms / 1000  # a frame began
                 if beats is None and any(session.heart_beat) and not session.closing:
                     beats = asyncio.create_task(self._heart_beats())
                 if session.pending_bytes > HIGH_WATER:
