@@ -7,6 +7,7 @@ can fix the file in one pass.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -115,6 +116,21 @@ class AddressConfig(Strict):
     queues: dict[str, QueueConfig] = Field(default_factory=dict)
 
 
+_SIZE = re.compile(r"^\s*(\d+)\s*(B|KB|KiB|MB|MiB|GB|GiB)?\s*$")
+_UNITS = {None: 1, "B": 1, "KB": 1000, "KiB": 1 << 10, "MB": 1000**2, "MiB": 1 << 20}
+_UNITS |= {"GB": 1000**3, "GiB": 1 << 30}
+
+
+def _size(value: Any) -> Any:
+    """A byte count: an integer, or a string such as `64MiB` (B, KB, KiB, MB, MiB, GB, GiB)."""
+    if isinstance(value, str):
+        match = _SIZE.match(value)
+        if match is None:
+            raise ValueError("a size in bytes such as 67108864 or 64MiB")
+        return int(match[1]) * _UNITS[match[2]]
+    return value
+
+
 class AddressSettings(Strict):
     """Artemis address-settings: what auto-created addresses and queues get."""
 
@@ -135,6 +151,11 @@ class AddressSettings(Strict):
     # Artemis: an auto-created queue that is empty and has no consumer for this long is deleted.
     auto_delete_queues: bool = True
     auto_delete_queues_delay: int = Field(default=30_000, ge=0)
+    # Bytes of messages an address may hold in memory (-1: no limit but the node's
+    # limits.global-max-size), and what a send beyond it gets: BLOCK waits for room, FAIL is
+    # refused, PAGE keeps persistent messages on disk only until there is room for them.
+    max_size_bytes: Annotated[int, BeforeValidator(_size), Field(ge=-1)] = -1
+    address_full_policy: Literal["PAGE", "BLOCK", "FAIL"] = "PAGE"
 
     @field_validator("default_group_header")
     @classmethod
@@ -160,6 +181,19 @@ class AddressSettings(Strict):
         )
 
 
+def default_global_max_size() -> int:
+    """Half the memory this process may use: the machine's, or its cgroup's limit if lower."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(limit_file).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            memory = min(memory, int(text))
+    return memory // 2
+
+
 class LimitsSection(Strict):
     """Resource limits enforced at the edge, before a message enters a queue."""
 
@@ -171,6 +205,17 @@ class LimitsSection(Strict):
     max_batch_messages: int = Field(default=1_000, gt=0)
     # Queues a node holds (its internal store-and-forward queues not counted).
     max_queues: int = Field(default=10_000, gt=0)
+    # Bytes of messages the node holds in memory, all addresses together; beyond it each
+    # address's address-full-policy applies. Default: half the memory the node may use.
+    global_max_size: Annotated[int, BeforeValidator(_size), Field(gt=0)] = Field(
+        default_factory=default_global_max_size
+    )
+    # Percent of the data volume in use above which persistent sends are refused (blocked
+    # under BLOCK); acks and removals go on. 100 turns the check off.
+    max_disk_usage: int = Field(default=90, ge=1, le=100)
+    # Kept allocated in the data dir and given up when the disk is full, so that acks,
+    # removals and the store's checkpoints still have room (capped at 5% of the volume).
+    disk_reserve: Annotated[int, BeforeValidator(_size), Field(ge=0)] = 16 * 1024 * 1024
 
 
 class StompSection(Strict):
@@ -244,21 +289,6 @@ class LogSection(Strict):
 
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["auto", "json", "console"] = "auto"
-
-
-_SIZE = re.compile(r"^\s*(\d+)\s*(B|KB|KiB|MB|MiB|GB|GiB)?\s*$")
-_UNITS = {None: 1, "B": 1, "KB": 1000, "KiB": 1 << 10, "MB": 1000**2, "MiB": 1 << 20}
-_UNITS |= {"GB": 1000**3, "GiB": 1 << 30}
-
-
-def _size(value: Any) -> Any:
-    """A byte count: an integer, or a string such as `64MiB` (B, KB, KiB, MB, MiB, GB, GiB)."""
-    if isinstance(value, str):
-        match = _SIZE.match(value)
-        if match is None:
-            raise ValueError("a size in bytes such as 67108864 or 64MiB")
-        return int(match[1]) * _UNITS[match[2]]
-    return value
 
 
 class AuditSection(Strict):

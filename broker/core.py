@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from broker.budget import Budget, Refusal
 from broker.config import NodeConfig, QueueConfig
 from broker.effects import Effects
 from broker.grouping import group_key
@@ -53,6 +54,16 @@ class UnknownGroup(CoreError):
     code = "not_found"
 
 
+class AddressFull(CoreError):
+    """A send refused for want of memory or disk (`Budget.refusal`); `block`: it may wait."""
+
+    code = "resource_exhausted"
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.reason)
+        self.block = refusal.block
+
+
 @dataclass(slots=True)
 class _Address:
     name: str
@@ -71,6 +82,8 @@ class BrokerCore:
         self._visible = 0  # queues counted against limits.max-queues (not internal `$` ones)
         self._idle_since: dict[str, int] = {}  # auto-created queue -> found idle since (ns)
         self._next_id = 1
+        self.budget = Budget(config)
+        self.paging: set[str] = set()  # queues with paged messages
         for name, address in config.addresses.items():
             self._address(name, address.routing_type)
             for queue_name, settings in address.queues.items():
@@ -100,7 +113,9 @@ class BrokerCore:
     def delete_queue(self, name: str) -> Effects:
         q = self.queue(name)
         fx = Effects(removed=q.held())
+        q.forget()
         del self._queues[name]
+        self.paging.discard(name)
         self._visible -= not name.startswith("$")
         self._idle_since.pop(name, None)
         a = self._addresses[q.address]
@@ -108,6 +123,7 @@ class BrokerCore:
         a.pins = {k: v for k, v in a.pins.items() if v != name}
         if not a.queues and a.name not in self.config.addresses:
             del self._addresses[a.name]  # auto-created: the next send creates it again
+            self.budget.forget(a.name)
         return fx
 
     def restore_queue(
@@ -117,9 +133,10 @@ class BrokerCore:
         if name not in self._queues:
             self._add_queue(address, name, settings, auto_created, restoring=True)
 
-    def restore_messages(self, messages: Iterable[Message], next_msg_id: int) -> int:
-        """Reload stored messages (in msg_id order); returns how many had no queue any more."""
-        orphans = 0
+    def restore_messages(self, messages: Iterable[Message], next_msg_id: int) -> tuple[int, int]:
+        """Reload stored messages (in msg_id order), paging them where their address is full
+        under PAGE; returns how many were restored and how many had no queue any more."""
+        restored = orphans = 0
         fx = Effects()
         top = next_msg_id
         for m in messages:
@@ -128,12 +145,13 @@ class BrokerCore:
             if q is None:
                 orphans += 1
                 continue
-            q.enqueue(m, m.enqueued_ns, fx)
+            restored += 1
+            self._place(q, m, m.enqueued_ns, fx)
             a = self._addresses[q.address]
             if m.group is not None and a.routing_type == "anycast" and len(a.queues) > 1:
                 a.pins[m.group] = q.name
         self._next_id = max(self._next_id, top)
-        return orphans
+        return restored, orphans
 
     # ---- messages ---------------------------------------------------------------------
 
@@ -206,7 +224,7 @@ class BrokerCore:
             delivery_count=delivery_count,
         )
         fx.added.append(m)
-        q.enqueue(m, now_ns, fx)
+        self._place(q, m, now_ns, fx)
         self._dead_letter(now_ns, fx)
         return msg_id, fx
 
@@ -297,6 +315,29 @@ class BrokerCore:
         except QueueError as err:
             raise InvalidRequest(str(err)) from None
 
+    def admit(self, address: str, persistent: bool) -> None:
+        """Raise AddressFull if a client's send to `address` may not go in now (memory, disk);
+        a message that will be paged goes in. Forwarded messages are never refused."""
+        pageable = all(q.settings.durable for q in self.queues_of(address))
+        refusal = self.budget.refusal(address, persistent, pageable)
+        if refusal is not None:
+            raise AddressFull(refusal)
+
+    def page_in(self, queue: str, after: int, messages: Sequence[Message], now_ns: int) -> Effects:
+        """Paged messages read back from the store (`Queue.unpage`), if the queue still
+        expects exactly these; a read that raced a queue's deletion is dropped."""
+        fx = Effects()
+        q = self._queues.get(queue)
+        if q is None or q.page_after != after:
+            return fx
+        if not messages:  # the store holds none of what the queue counts as paged
+            q.paged = 0
+        q.unpage(messages, now_ns, fx)
+        if not q.paged:
+            self.paging.discard(queue)
+        self._dead_letter(now_ns, fx)
+        return fx
+
     def tick(self, now_ns: int) -> Effects:
         fx = Effects()
         for q in self._queues.values():
@@ -336,7 +377,7 @@ class BrokerCore:
             raise TooManyQueues(
                 f"cannot create queue {name!r}: the node holds {limit} queues (limits.max-queues)"
             )
-        q = self._queues[name] = Queue(name, address, settings)
+        q = self._queues[name] = Queue(name, address, settings, self.budget.meter(address))
         if auto_created:
             rules = self.config.settings_for(address)
             if rules.auto_delete_queues:
@@ -395,8 +436,22 @@ class BrokerCore:
                 enqueued_ns=now_ns,
             )
             fx.added.append(m)
-            q.enqueue(m, now_ns, fx)
+            self._place(q, m, now_ns, fx)
         return msg_id
+
+    def _place(self, q: Queue, m: Message, now_ns: int, fx: Effects) -> None:
+        """Into memory, or, when its address is full under PAGE, onto the queue's page (on disk
+        only). Once a queue pages, every message behind joins the page until it is read back
+        (a non-persistent one is stored like a persistent one, so it keeps its place)."""
+        meter = q.meter
+        if q.paged or (
+            m.persistent and q.settings.durable and meter.policy == "PAGE" and meter.full
+        ):
+            m.persistent = True
+            q.page(m)
+            self.paging.add(q.name)
+        else:
+            q.enqueue(m, now_ns, fx)
 
     def _targets(self, a: _Address, headers: dict[str, str]) -> list[str]:
         if a.routing_type == "multicast" or len(a.queues) <= 1:

@@ -21,16 +21,21 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from broker import logs
+from broker import disk, logs
 from broker.audit import node_audit
+from broker.budget import footprint
 from broker.clock import now_ns
 from broker.config import NodeConfig, QueueConfig
-from broker.core import BrokerCore, CoreError
+from broker.core import AddressFull, BrokerCore, CoreError
 from broker.effects import Delivery, Effects
 from broker.message import Message
 from broker.store import Store, StoreError
 
 TICK_S = 0.05
+PAGE_READ = 1000  # paged messages read back per store read, at most
+PAGE_GUESS_BYTES = 2048  # a paged message's footprint before any has been read
+DISK_POLL_BYTES = 1 << 20  # the data volume is looked at again after this many bytes sent
+GIVEBACK_S = 1.0  # at most this often, a tight disk gets the store's free pages back
 SWEEP_S = 1.0  # how often idle auto-created queues are looked for
 AUTO_CREATED = "pinmq-auto-created"  # marks a stored queue definition as auto-created
 STORE_FILE = "store.db"
@@ -110,6 +115,13 @@ class Engine:
         self._backlog_ready = asyncio.Event()
         self._unwritten: dict[int, asyncio.Future[None]] = {}  # msg id -> write that adds it
         self._tasks: list[asyncio.Task[None]] = []
+        data_dir = Path(config.node.data_dir)
+        self.reserve = disk.Reserve(data_dir, config.limits.disk_reserve)
+        self._sent_bytes = 0  # persistent bytes sent since the data volume was last looked at
+        self._next_giveback = 0.0  # when the store may next be asked to give space back
+        self._room = asyncio.Event()  # set when memory frees while queues page
+        self._space = asyncio.Event()  # replaced once set: wakes producers blocked (BLOCK)
+        self.blocked = 0  # producers waiting for room
 
     @property
     def store(self) -> Store:
@@ -134,22 +146,25 @@ class Engine:
                 raise StartupError(f"cannot write audit log {self.audit.dir}: {err}") from None
         try:
             self.store_path.parent.mkdir(parents=True, exist_ok=True)
-            self._store = store = Store.open(self.store_path)
+            self.reserve.release()  # its room lets the store open on a full disk
+            self._store = store = Store.open(self.store_path, on_full=self.reserve.release)
             for address, name, settings in store.load_queues():
                 auto = bool(settings.pop(AUTO_CREATED, False))
                 self.core.restore_queue(address, name, QueueConfig.model_validate(settings), auto)
-            messages = store.load_messages()
+            restored, orphans = self.core.restore_messages(store.messages(), store.max_msg_id() + 1)
         except (StoreError, OSError, ValidationError) as err:
             raise StartupError(f"cannot open store {self.store_path}: {err}") from None
-        orphans = self.core.restore_messages(messages, store.max_msg_id() + 1)
-        return len(messages) - orphans, orphans
+        self._watch_disk()
+        return restored, orphans
 
     def start(self) -> None:
         """Run the tick (delay-before-dispatch, timers of the core) and the delivery order."""
         self._tasks = [
             asyncio.create_task(self._tick_loop(), name="tick"),
             asyncio.create_task(self._backlog_loop(), name="deliver"),
+            asyncio.create_task(self._page_loop(), name="page"),
         ]
+        self._room.set()  # queues restored paged may have room already
 
     def end_streams(self, reason: str) -> None:
         for stream in list(self.streams.values()):
@@ -205,6 +220,12 @@ class Engine:
             for observer in self.observers:
                 observer.queues_changed()
         added = [m for m in fx.added if m.persistent]
+        if fx.removed:
+            self._freed()
+        if added:
+            self._sent_bytes += sum(len(m.body) for m in added)
+            if self._sent_bytes >= DISK_POLL_BYTES:
+                self._watch_disk()
         removed = [m for m in fx.removed if m.persistent]
         updated = [m for m in fx.updated if m.persistent]
         counted = self._counted(fx.deliveries)
@@ -326,11 +347,144 @@ class Engine:
                 backlog.popleft()
                 self._push(step.deliveries, step.receipt)
 
+    # ---- room: memory, paging and the data volume ----------------------------------------------
+
+    def admit(self, addresses: Sequence[tuple[str, bool]]) -> Coroutine[Any, Any, None] | None:
+        """May a client send these (address, persistent) now? None: yes. Raises AddressFull
+        (FAIL); returns what to await when the send must wait for room (BLOCK)."""
+        core = self.core
+        try:
+            for address, persistent in addresses:
+                core.admit(address, persistent)
+        except AddressFull as full:
+            if not full.block:
+                raise
+            return self._blocked(addresses, str(full))
+        return None
+
+    async def _blocked(self, addresses: Sequence[tuple[str, bool]], reason: str) -> None:
+        self.blocked += 1
+        log.info("producer blocked", reason=reason)
+        try:
+            while True:
+                await self._space.wait()
+                try:
+                    for address, persistent in addresses:
+                        self.core.admit(address, persistent)
+                    return
+                except AddressFull as full:
+                    if not full.block:
+                        raise
+        finally:
+            self.blocked -= 1
+
+    def _freed(self) -> None:
+        """Messages left memory: blocked producers look again, paged queues may read back."""
+        self._wake_blocked()
+        if self.core.paging:
+            self._room.set()
+
+    def resources(self) -> dict[str, Any]:
+        """Memory, paging, disk and blocked producers, as health reports them."""
+        core, budget = self.core, self.core.budget
+        store = self._store
+        return {
+            "memory_bytes": budget.node.bytes,
+            "global_max_size": budget.node.limit,
+            "memory_full": budget.node.full,
+            "paging_queues": sorted(core.paging),
+            "paged_messages": sum(core.queue(name).paged for name in core.paging),
+            "blocked_producers": self.blocked,
+            "disk_percent": round(budget.disk_percent, 1),
+            "max_disk_usage": self.config.limits.max_disk_usage,
+            "disk_full": budget.disk_full,
+            "disk_reserve_held": self.reserve.held,
+            "store_waits_for_space": store is not None and store.waiting_for_space,
+        }
+
+    def _wake_blocked(self) -> None:
+        if self.blocked:
+            self._space.set()
+            self._space = asyncio.Event()
+
+    def _watch_disk(self) -> None:
+        """Look at the data volume: refuse persistent sends above max-disk-usage, and keep
+        the reserve while there is room for it."""
+        self._sent_bytes = 0
+        limit = self.config.limits.max_disk_usage
+        budget = self.core.budget
+        try:
+            usage = disk.usage(self.store_path.parent)
+        except OSError as err:
+            log.warning("cannot read the data volume's usage", error=str(err))
+            return
+        if self._store is not None:  # the store's free pages take new messages first
+            free_pages = min(usage.used, self._store.free_bytes)
+            usage = disk.Usage(usage.used - free_pages, usage.free + free_pages)
+        percent = usage.percent()
+        full = limit < 100 and percent >= limit
+        budget.disk_percent = percent
+        if full != budget.disk_full:
+            budget.disk_full = full
+            if full:
+                log.warning(
+                    "data volume above limits.max-disk-usage: persistent sends refused",
+                    percent=round(percent, 1),
+                    limit=limit,
+                )
+            else:
+                log.info(
+                    "data volume below limits.max-disk-usage: sends resume",
+                    percent=round(percent, 1),
+                )
+                self._wake_blocked()
+        reserve, store = self.reserve, self._store
+        if not (full or reserve.held or not reserve.size) and reserve.take():
+            log.info("disk reserve taken", bytes=reserve.size)
+        tight = full or (reserve.size and not reserve.held)
+        now = time.monotonic()
+        if tight and store is not None and store.free_bytes and now >= self._next_giveback:
+            self._next_giveback = now + GIVEBACK_S
+            store.give_back_space()
+
+    async def _page_loop(self) -> None:
+        """Read paged messages back, oldest first, while their address has room."""
+        core = self.core
+        average = PAGE_GUESS_BYTES  # a paged message's footprint, from the last read
+        while True:
+            await self._room.wait()
+            self._room.clear()
+            for name in list(core.paging):
+                while name in core.paging:
+                    q = core.queue(name)
+                    if q.meter.full:
+                        break
+                    tail = self._unwritten.get(q.page_last)
+                    if tail is not None:  # writes commit in order: then every paged one is on disk
+                        try:
+                            await tail
+                        except Exception:
+                            return  # the node fails
+                        continue
+                    after = q.page_after
+                    count = max(1, min(PAGE_READ, q.meter.room() // average))
+                    messages = await asyncio.to_thread(
+                        self.store.read_page, name, after, q.page_last, count
+                    )
+                    if messages:
+                        for m in messages:
+                            m.size = footprint(m)
+                        average = max(1, sum(m.size for m in messages) // len(messages))
+                    if not messages and q.page_after == after and name in core.paging:
+                        log.error("paged messages not in the store", queue=name, paged=q.paged)
+                    self.apply(core.page_in(name, after, messages, now_ns()))
+
     async def _tick_loop(self) -> None:
         sweep_at = 0.0
         while True:
             await asyncio.sleep(TICK_S)
             self.apply(self.core.tick(now_ns()))
+            self._watch_disk()
             if time.monotonic() >= sweep_at:
                 sweep_at = time.monotonic() + SWEEP_S
                 await self._delete_idle_queues()

@@ -27,6 +27,7 @@ class Message:
     group: str | None = None
     group_seq: int = 0
     enqueued_ns: int = 0
+    size: int = 0  # bytes it is counted for in memory (broker/budget.py), set when queued
 
     def copy_for(self, queue: str) -> Message:
         """A copy routed to another queue; the body and headers are shared, not duplicated."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
+from broker.budget import Meter, footprint
 from broker.config import QueueConfig
 from broker.effects import ConsumerInfo, Delivery, Effects, GroupInfo
 from broker.grouping import group_key
@@ -75,10 +76,19 @@ class _Consumer:
 class Queue:
     """A queue with Artemis / Qpid group semantics, driven by method calls and `now_ns`."""
 
-    def __init__(self, name: str, address: str, settings: QueueConfig) -> None:
+    def __init__(
+        self, name: str, address: str, settings: QueueConfig, meter: Meter | None = None
+    ) -> None:
         self.name = name
         self.address = address
         self.settings = settings
+        self.meter = meter if meter is not None else Meter()
+        self.bytes = 0  # counted footprint of the messages held in memory
+        # Paging: persistent messages kept on disk only, every one newer than anything held
+        # in memory; `unpage` takes them back oldest first, so each group keeps its order.
+        self.paged = 0
+        self.page_after = 0  # msg ids above this (and up to page_last) are paged
+        self.page_last = 0
         self._groups: dict[str, _Group] = {}
         self._consumers: dict[str, _Consumer] = {}
         self._hungry: dict[_Consumer, None] = {}  # consumers with credit (ordered set)
@@ -101,7 +111,7 @@ class Queue:
     @property
     def depth(self) -> int:
         """Messages in the queue, delivered or not, that are not yet acknowledged."""
-        return self._pending + self._outstanding
+        return self._pending + self._outstanding + self.paged
 
     @property
     def consumer_count(self) -> int:
@@ -158,6 +168,7 @@ class Queue:
     def enqueue(self, message: Message, now_ns: int, fx: Effects) -> None:
         message.group = key = group_key(self.settings, message.headers)
         message.group_seq = _parse_seq(message.headers.get(GROUP_SEQ_HEADER))
+        self._count(message)
         self._pending += 1
         if key is None:
             self._ungrouped.append(message)
@@ -172,6 +183,26 @@ class Queue:
             else:
                 g.pending.append(message)
         self._pump(now_ns, fx)
+
+    def page(self, message: Message) -> None:
+        """Keep a persistent message on disk only, behind the ones already paged.
+
+        Its store write is the caller's; from the first paged message on, every later one
+        must be paged too until `unpage` has taken them all, or it would overtake them.
+        """
+        if not self.paged:
+            self.page_after = message.msg_id - 1
+        self.paged += 1
+        self.page_last = message.msg_id
+
+    def unpage(self, messages: Sequence[Message], now_ns: int, fx: Effects) -> None:
+        """Paged messages read back from the store, oldest first, take their place in memory."""
+        for m in messages:
+            if not (self.page_after < m.msg_id <= self.page_last) or not self.paged:
+                raise QueueError(f"message {m.msg_id} is not next in the page of {self.name!r}")
+            self.page_after = m.msg_id
+            self.paged -= 1
+            self.enqueue(m, now_ns, fx)
 
     def subscribe(
         self, consumer_id: str, name: str, prefetch: int, now_ns: int, fx: Effects
@@ -251,6 +282,7 @@ class Queue:
                 continue  # settled or returned already
             self._outstanding -= 1
             into.append(m)
+            self._uncount(m)
             self._settle(m, now_ns)
         self._refill(c)
         self._pump(now_ns, fx)
@@ -276,6 +308,8 @@ class Queue:
         taken = list(self._ungrouped)
         self._ungrouped.clear()
         self._pending -= len(taken)
+        for m in taken:
+            self._uncount(m)
         fx.removed += taken
         return taken
 
@@ -322,6 +356,8 @@ class Queue:
         taken = list(g.pending or ())
         g.pending = None
         self._pending -= len(taken)
+        for m in taken:
+            self._uncount(m)
         fx.removed += taken
         if g.outstanding == 0:
             if g.owner is not None:
@@ -534,6 +570,7 @@ class Queue:
             if m.group is not None:
                 self._groups[m.group].outstanding -= 1
             if m.delivery_count >= limit:
+                self._uncount(m)
                 fx.dead.append(m)
             else:
                 fx.updated.append(m)
@@ -584,6 +621,21 @@ class Queue:
             self._paused = True
 
     # ---- helpers ------------------------------------------------------------------------
+
+    def _count(self, m: Message) -> None:
+        if not m.size:
+            m.size = footprint(m)
+        self.bytes += m.size
+        self.meter.add(m.size)
+
+    def _uncount(self, m: Message) -> None:
+        self.bytes -= m.size
+        self.meter.add(-m.size)
+
+    def forget(self) -> None:
+        """The queue is deleted: what it held no longer counts."""
+        self.meter.add(-self.bytes)
+        self.bytes = 0
 
     def _consumer(self, consumer_id: str) -> _Consumer:
         c = self._consumers.get(consumer_id)

@@ -41,8 +41,13 @@ def assess(
     local_handler: str | None,
     peers: Mapping[str, bool],
     problems: list[str],
+    resources: Mapping[str, Any] | None = None,
 ) -> Readiness:
-    """Readiness from the node's facts; `peers` maps each known peer to whether it is linked."""
+    """Readiness from the node's facts; `peers` maps each known peer to whether it is linked.
+
+    `resources` (memory, paging, disk, blocked producers) is reported, not judged: a full
+    node still serves its consumers, which is how it gets room again.
+    """
     reasons: list[str] = []
     if failed is not None:
         reasons.append(f"fatal error: {failed}")
@@ -69,5 +74,6 @@ def assess(
         "peers_linked": sum(peers.values()),
         "problems": problems,
         "reasons": reasons,
+        "resources": dict(resources) if resources is not None else None,
     }
     return Readiness(not reasons, details)

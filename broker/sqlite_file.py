@@ -42,6 +42,25 @@ def disk_bytes(path: Path) -> int:
     return file_size(path) + file_size(wal_path(path))
 
 
+def disk_full(exc: sqlite3.Error) -> bool:
+    """The error says there was no room for a write.
+
+    SQLITE_FULL (a full disk, or the file at its `max_page_count`), or an I/O error on write
+    or fsync (how ENOSPC can surface while the WAL grows).
+    """
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is None:
+        return "disk is full" in str(exc)
+    return code & 0xFF == sqlite3.SQLITE_FULL or code in _WRITE_IO_ERRORS
+
+
+_WRITE_IO_ERRORS = frozenset(
+    getattr(sqlite3, name)
+    for name in ("SQLITE_IOERR_WRITE", "SQLITE_IOERR_FSYNC", "SQLITE_IOERR_TRUNCATE")
+    if hasattr(sqlite3, name)
+)
+
+
 def is_fresh(path: Path) -> bool:
     """No database and no WAL yet: the file may be created."""
     return disk_bytes(path) == 0

@@ -55,7 +55,8 @@ import json
 import queue
 import sqlite3
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 
@@ -71,6 +72,7 @@ from broker.store_sql import (
     SCHEMA,
     SCHEMA_VERSION,
     SELECT_MESSAGES,
+    SELECT_PAGE,
     UPSERT_MARK,
     Key,
     Row,
@@ -88,6 +90,7 @@ VACUUM_STEP_PAGES = 1024  # ~10-20 ms of work: the most a new write waits behind
 JOURNAL_SIZE_LIMIT = 16 * 1024 * 1024
 CACHE_KIB = 16 * 1024
 BUSY_TIMEOUT_MS = 5000
+FULL_RETRY_S = 0.2  # how often a write that found the disk full tries again
 
 # Request kinds handled by the writer thread.
 _WRITE, _SAVE_QUEUE_OP, _DELETE_QUEUE_OP, _CLOSE = range(4)
@@ -105,26 +108,45 @@ class Store:
     cancel the write. `commits` and `compactions` count transactions and compaction runs.
     """
 
-    def __init__(self, path: Path, max_bytes: int | None = None) -> None:
+    def __init__(
+        self, path: Path, max_bytes: int | None = None, on_full: Callable[[], bool] | None = None
+    ) -> None:
         self.path = path
         self.commits = 0
         self.compactions = 0
+        self.waiting_for_space = False  # a write found the disk full and waits to retry
+        self.free_bytes = 0  # free pages inside the file: room for messages, not yet the OS's
+        self._page_size = 4096
         self._max_bytes = max_bytes
+        self._on_full = on_full
         self._requests: Requests = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._closed = False
         self._max_id = 0
         self._deleted_since_compaction = 0
+        self._compaction_wanted = False
 
     # ------------------------------------------------------------------ opening
 
     @classmethod
-    def open(cls, path: Path, *, max_bytes: int | None = None) -> Store:
+    def open(
+        cls,
+        path: Path,
+        *,
+        max_bytes: int | None = None,
+        on_full: Callable[[], bool] | None = None,
+    ) -> Store:
         """Open or create the store at `path` and start its writer thread.
 
         Raises `StoreError` (naming the path) if the file is not a readable, intact pinmq
         store; the file is then left untouched. `max_bytes` optionally caps the database
         size, beyond which writes fail with `StoreError` instead of filling the disk.
+
+        With `on_full` (called on the writer thread; it frees space and says whether it
+        did), a write that finds the disk full is retried instead of failing: at once if
+        `on_full` freed something, else every `FULL_RETRY_S` until it fits or the store
+        closes. Nothing acknowledged is ever dropped for want of space, and acks wait rather
+        than fail.
         """
         path = Path(path)
         fresh = sqlite_file.prepare(
@@ -134,7 +156,7 @@ class Store:
             schema_version=SCHEMA_VERSION,
             error=StoreError,
         )
-        store = cls(path, max_bytes)
+        store = cls(path, max_bytes, on_full)
         store._start(fresh)
         return store
 
@@ -164,7 +186,12 @@ class Store:
         )
         row = conn.execute("SELECT value FROM meta WHERE key = 'max_msg_id'").fetchone()
         self._max_id = int(row[0])
+        self._page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+        self._count_free(conn)
         return conn
+
+    def _count_free(self, conn: sqlite3.Connection) -> None:
+        self.free_bytes = conn.execute("PRAGMA freelist_count").fetchone()[0] * self._page_size
 
     # ------------------------------------------------------------------ start-up reads
 
@@ -175,37 +202,22 @@ class Store:
             return [(address, name, json.loads(settings)) for address, name, settings in rows]
 
     def load_messages(self) -> list[Message]:
-        """Every stored message ordered by (msg_id, queue), with its latest delivery count.
+        """Every stored message ordered by (msg_id, queue), with its latest delivery count."""
+        return list(self.messages())
+
+    def messages(self) -> Iterator[Message]:
+        """`load_messages` one at a time, so a big store is never all in memory at once.
 
         Multicast copies (same msg_id) share one body and headers object, as `copy_for` does.
         """
-        messages: list[Message] = []
-        last: tuple[int, str, dict[str, str], bytes] | None = None
         with self._reader() as conn:
-            for msg_id, queue_, address, text, count, grp, seq, enq, body in conn.execute(
-                SELECT_MESSAGES
-            ):
-                if last is not None and last[0] == msg_id and last[1] == text:
-                    headers = last[2]
-                    body = last[3] if last[3] == body else body
-                else:
-                    headers = json.loads(text)
-                last = (msg_id, text, headers, body)
-                messages.append(
-                    Message(
-                        msg_id=msg_id,
-                        queue=queue_,
-                        address=address,
-                        body=body,
-                        headers=headers,
-                        persistent=True,
-                        delivery_count=count,
-                        group=grp,
-                        group_seq=seq,
-                        enqueued_ns=enq,
-                    )
-                )
-        return messages
+            yield from _decode(conn.execute(SELECT_MESSAGES))
+
+    def read_page(self, queue: str, after: int, upto: int, limit: int) -> list[Message]:
+        """Up to `limit` stored messages of `queue` with `after` < msg_id <= `upto`, oldest
+        first: the paged part of a queue, read back as room frees (any thread)."""
+        with self._reader() as conn:
+            return list(_decode(conn.execute(SELECT_PAGE, (after, upto, queue, limit))))
 
     def load_marks(self) -> dict[str, int]:
         """Per forwarding origin, the highest sequence stored here (see `write(marks=...)`)."""
@@ -290,6 +302,14 @@ class Store:
         if thread is not None:
             await asyncio.to_thread(thread.join)
 
+    def give_back_space(self) -> None:
+        """Return the file's free pages to the OS when the writer is next idle, whatever the
+        count of deletes: the disk is tight (and the reserve wants its room back)."""
+        if self._thread is None or self._closed:
+            return
+        self._compaction_wanted = True
+        self._requests.put(Request(_WRITE, ([], [], [], []), 0))  # wakes the writer; no waiter
+
     def disk_bytes(self) -> int:
         """Bytes on disk: database file plus WAL file."""
         return sqlite_file.disk_bytes(self.path)
@@ -315,13 +335,15 @@ class Store:
             if closing is not None:
                 self._finish(conn, closing)
                 return
-            if self._deleted_since_compaction >= COMPACT_AFTER_DELETES:
+            if self._deleted_since_compaction >= COMPACT_AFTER_DELETES or (
+                self._compaction_wanted and self.free_bytes
+            ):
                 self._compact(conn, step=VACUUM_STEP_PAGES)
 
     def _process(self, conn: sqlite3.Connection, batch: list[Request]) -> None:
         errors: list[BaseException | None]
         try:
-            self._transaction(conn, batch)
+            self._until_it_fits(conn, batch)
             errors = [None] * len(batch)
         except Exception as exc:
             if len(batch) == 1:
@@ -330,7 +352,7 @@ class Store:
                 errors = []
                 for request in batch:
                     try:
-                        self._transaction(conn, [request])
+                        self._until_it_fits(conn, [request])
                         errors.append(None)
                     except Exception as exc_one:
                         errors.append(self._failure(exc_one))
@@ -341,6 +363,29 @@ class Store:
         error = StoreError(f"{self.path}: write failed: {exc}")
         error.__cause__ = exc
         return error
+
+    def _until_it_fits(self, conn: sqlite3.Connection, batch: list[Request]) -> None:
+        """`_transaction`, retried while the disk is full (with `on_full`, see `open`)."""
+        logged = False
+        while True:
+            try:
+                self._transaction(conn, batch)
+            except sqlite3.Error as exc:
+                if self._on_full is None or self._closed or not sqlite_file.disk_full(exc):
+                    raise
+                if self._on_full():
+                    log.warning("disk full: released the disk reserve", path=str(self.path))
+                    continue
+                if not logged:
+                    log.error("disk full: store writes wait for space", path=str(self.path))
+                    logged = True
+                self.waiting_for_space = True
+                time.sleep(FULL_RETRY_S)
+                continue
+            if logged:
+                log.warning("disk space back: store writes go on", path=str(self.path))
+            self.waiting_for_space = False
+            return
 
     def _transaction(self, conn: sqlite3.Connection, batch: list[Request]) -> None:
         """Apply a batch in call order as one transaction; raises after rolling back."""
@@ -389,6 +434,7 @@ class Store:
         self._max_id = max_id
         self._deleted_since_compaction += deleted
         self.commits += 1
+        self._count_free(conn)
 
     def _compact(self, conn: sqlite3.Connection, step: int | None) -> None:
         """Give free pages back to the OS while idle, then truncate the WAL.
@@ -418,7 +464,9 @@ class Store:
             log.warning("store compaction failed", path=str(self.path), error=str(exc))
             return
         self._deleted_since_compaction = 0
+        self._compaction_wanted = False
         self.compactions += 1
+        self._count_free(conn)
 
     def _finish(self, conn: sqlite3.Connection, request: Request) -> None:
         error: BaseException | None = None
@@ -427,10 +475,35 @@ class Store:
                 self._compact(conn, step=None)
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
         except sqlite3.Error as exc:
-            error = StoreError(f"{self.path}: checkpoint at close failed: {exc}")
+            # Everything is committed in the WAL, which the next open replays: not a failure.
+            log.warning("checkpoint at close failed", path=str(self.path), error=str(exc))
         finally:
             try:
                 conn.close()
             except sqlite3.Error as exc:
                 error = StoreError(f"{self.path}: close failed: {exc}")
         sqlite_file.settle([request], [error])
+
+
+def _decode(rows: Iterable[tuple]) -> Iterator[Message]:
+    """Messages from SELECT_MESSAGES-shaped rows; consecutive copies share headers and body."""
+    last: tuple[int, str, dict[str, str], bytes] | None = None
+    for msg_id, queue_, address, text, count, grp, seq, enq, body in rows:
+        if last is not None and last[0] == msg_id and last[1] == text:
+            headers = last[2]
+            body = last[3] if last[3] == body else body
+        else:
+            headers = json.loads(text)
+        last = (msg_id, text, headers, body)
+        yield Message(
+            msg_id=msg_id,
+            queue=queue_,
+            address=address,
+            body=body,
+            headers=headers,
+            persistent=True,
+            delivery_count=count,
+            group=grp,
+            group_seq=seq,
+            enqueued_ns=enq,
+        )

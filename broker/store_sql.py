@@ -60,6 +60,10 @@ SELECT_MESSAGES = (
     "SELECT msg_id, queue, address, headers, delivery_count, grp, group_seq, enqueued_ns, body"
     " FROM messages ORDER BY msg_id, queue"
 )
+SELECT_PAGE = (
+    "SELECT msg_id, queue, address, headers, delivery_count, grp, group_seq, enqueued_ns, body"
+    " FROM messages WHERE msg_id > ? AND msg_id <= ? AND queue = ? ORDER BY msg_id LIMIT ?"
+)
 
 COUNT = 4  # index of delivery_count in a message row
 

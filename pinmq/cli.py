@@ -13,6 +13,7 @@ import base64
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -396,8 +397,24 @@ _VERBS = {
 
 async def _run_client(args: argparse.Namespace) -> None:
     timeout = getattr(args, "call_timeout", CALL_TIMEOUT_S)
-    async with Client(args.url, audit=getattr(args, "audit", None), call_timeout=timeout) as client:
+    audit = getattr(args, "audit", None)
+    async with Client(
+        args.url, audit=audit, call_timeout=timeout, on_blocked=_blocked_notice()
+    ) as client:
         await _VERBS[args.verb](client, args)
+
+
+def _blocked_notice(every_s: float = 10.0) -> Callable[[str], None]:
+    """Tell the user on stderr that the node holds the sends for room, at most every 10 s."""
+    last = -every_s
+
+    def notice(text: str) -> None:
+        nonlocal last
+        if time.monotonic() - last >= every_s:
+            last = time.monotonic()
+            print(f"pinmq: {text}", file=sys.stderr, flush=True)
+
+    return notice
 
 
 def _run_node(config_path: str) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any, NoReturn
 
 import grpc
@@ -128,11 +128,13 @@ class BrokerService(pb_grpc.BrokerServicer):
                 raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{which}: {err}") from None
 
     async def _send(
-        self, messages: Iterable[pb.Message]
+        self, messages: Iterable[pb.Message], blocked: Callable[[], None] | None = None
     ) -> tuple[list[int], asyncio.Future[None] | None]:
         """Validate every message, then enqueue them all: all or nothing.
 
-        Returns at once unless the send path must await something (a grouping decision).
+        Returns at once unless the send must wait: for room (address-full-policy BLOCK, or a
+        full disk), or for a grouping decision. `blocked` tells a SendStream's client that
+        its batch waits for room (a unary call can say nothing before its answer).
         """
         messages = list(messages)
         if len(messages) > self.max_batch:
@@ -143,6 +145,11 @@ class BrokerService(pb_grpc.BrokerServicer):
             )
         batch = [Outgoing(m.address, m.body, _dict(m.headers), m.persistent) for m in messages]
         self._check(messages, batch)
+        wait = self.engine.admit(list(dict.fromkeys((m.address, m.persistent) for m in batch)))
+        if wait is not None:
+            if blocked is not None:
+                blocked()
+            await wait
         sender = self.sending
         sent = sender.send_now(batch, now_ns())
         if sent is None:
@@ -188,8 +195,12 @@ class BrokerService(pb_grpc.BrokerServicer):
                     if request is None:
                         return
                     await refuse_undecodable(request, context)
+
+                    def blocked(n: int = n) -> None:
+                        results.put_nowait(pb.SendResult(batch=n, blocked=True))
+
                     try:
-                        results.put_nowait((n, *await self._send(request.messages)))
+                        results.put_nowait((n, *await self._send(request.messages, blocked)))
                     except (_Refused, CoreError) as err:
                         code = err.code if isinstance(err, _Refused) else _status(err)
                         results.put_nowait(

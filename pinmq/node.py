@@ -292,6 +292,7 @@ class Node:
             local_handler=local_handler,
             peers=peers,
             problems=self.problems,
+            resources=self.engine.resources(),
         )
 
 

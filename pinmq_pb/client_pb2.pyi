@@ -50,16 +50,18 @@ class SendBatchResponse(_message.Message):
     def __init__(self, msg_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SendResult(_message.Message):
-    __slots__ = ("batch", "msg_ids", "error_code", "error_message")
+    __slots__ = ("batch", "msg_ids", "error_code", "error_message", "blocked")
     BATCH_FIELD_NUMBER: _ClassVar[int]
     MSG_IDS_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    BLOCKED_FIELD_NUMBER: _ClassVar[int]
     batch: int
     msg_ids: _containers.RepeatedScalarFieldContainer[int]
     error_code: str
     error_message: str
-    def __init__(self, batch: _Optional[int] = ..., msg_ids: _Optional[_Iterable[int]] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ...) -> None: ...
+    blocked: bool
+    def __init__(self, batch: _Optional[int] = ..., msg_ids: _Optional[_Iterable[int]] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ..., blocked: _Optional[bool] = ...) -> None: ...
 
 class Subscribe(_message.Message):
     __slots__ = ("queue", "consumer_name", "prefetch")

@@ -8,11 +8,14 @@ session's temporary directory on its command line is killed and reported as an e
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,6 +34,16 @@ pytest_plugins = ["stomp_helpers"]  # the STOMP test modules' fixtures (snode, a
 def unique(prefix: str = "q") -> str:
     """A queue/address/group name no other test uses (tests share one node)."""
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def get(address: str, path: str) -> tuple[int, dict[str, Any]]:
+    """GET http://address/path -> (status, JSON body), whatever the status."""
+    try:
+        with urllib.request.urlopen(f"http://{address}{path}", timeout=5) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as err:
+        with err:
+            return err.code, json.loads(err.read())
 
 
 def node_command(config: Path) -> list[str]:

@@ -103,7 +103,7 @@ def test_restore_messages_restores_order_and_continues_ids() -> None:
     ]
     stored[0].delivery_count = 2
     orphan = Message(msg_id=20, queue="gone", address="gone", body=b"")
-    assert core.restore_messages([*stored, orphan], next_msg_id=1) == 1
+    assert core.restore_messages([*stored, orphan], next_msg_id=1) == (len(stored), 1)
     fx = core.subscribe("orders", "c1", "c1", 100, 0)
     got = [d.message.msg_id for d in fx.deliveries]
     assert sorted(got) == [3, 7, 9, 12, 15]
@@ -115,7 +115,7 @@ def test_restore_messages_restores_order_and_continues_ids() -> None:
 
 def test_restore_messages_respects_a_higher_next_id() -> None:
     core = core_from()
-    assert core.restore_messages([], next_msg_id=500) == 0
+    assert core.restore_messages([], next_msg_id=500) == (0, 0)
     msg_id, _ = core.send("orders", b"", {}, False, 0)
     assert msg_id == 500
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import socket
 import urllib.error
 import urllib.request
@@ -12,19 +11,9 @@ from typing import Any
 
 import pytest
 from cluster_nodes import ClusterNodes, grouping
-from conftest import NodeProcess
+from conftest import NodeProcess, get
 
 from broker.readiness import assess
-
-
-def get(address: str, path: str) -> tuple[int, dict[str, Any]]:
-    """GET http://address/path -> (status, JSON body), whatever the status."""
-    try:
-        with urllib.request.urlopen(f"http://{address}{path}", timeout=5) as reply:
-            return reply.status, json.loads(reply.read())
-    except urllib.error.HTTPError as err:
-        with err:
-            return err.code, json.loads(err.read())
 
 
 def test_a_standalone_node_is_alive_and_ready(node_factory: Callable[..., NodeProcess]) -> None:

@@ -46,6 +46,8 @@ class Link(Protocol):
 
     async def _call(self, method: Callable[..., Awaitable[T]], request: Any) -> T: ...
 
+    def _blocked(self) -> None: ...
+
 
 async def ready(channel: aio.Channel, timeout: float) -> bool:
     """Wait until the channel connects; False at once on a refused connection, or on timeout."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -40,6 +41,10 @@ from pinmq_pb import client_pb2_grpc as pb_grpc
 _NULLABLE = ("group_first_key", "default_group", "dead_letter_address")
 
 
+def _warn_blocked(text: str) -> None:
+    logging.getLogger("pinmq.client").warning(text)
+
+
 class Client:
     """A connection to one pinmq node: the first reachable address of `url`.
 
@@ -48,7 +53,9 @@ class Client:
     node confirmed the send), `client_received` and `client_acked` events for `pinmq check`,
     and tags every message it sends with a `pinmq-mid` header (producer id / sequence).
     Every request has a deadline, `call_timeout` seconds (a send_many batch: for its result);
-    one that passes it fails with `OutcomeUnknown`.
+    one that passes it fails with `OutcomeUnknown`. A send the node holds for room (address-
+    full-policy BLOCK, a full disk) has none: `on_blocked` (default: a logging warning) is
+    told and the send waits.
     """
 
     def __init__(
@@ -59,6 +66,7 @@ class Client:
         call_timeout: float = CALL_TIMEOUT_S,
         audit: str | Path | AuditLog | None = None,
         audit_name: str | None = None,
+        on_blocked: Callable[[str], None] | None = None,
     ):
         self.addresses = [a.strip() for a in url.split(",") if a.strip()]
         if not self.addresses:
@@ -74,6 +82,7 @@ class Client:
         self._audit_dir = None if audit is None or isinstance(audit, AuditLog) else Path(audit)
         self._audit_name = audit_name or f"client-{uuid.uuid4().hex[:8]}"
         self._producers = itertools.count(1)
+        self.on_blocked = on_blocked or _warn_blocked
 
     async def connect(self) -> None:
         """Open a channel to the first address that answers within the connect timeout."""
@@ -118,6 +127,12 @@ class Client:
             return await method(request, timeout=self.call_timeout)
         except grpc.RpcError as err:
             raise from_rpc(err, self.target) from None
+
+    def _blocked(self) -> None:
+        self.on_blocked(
+            f"send blocked by {self.target}: the node is full (address-full-policy BLOCK or "
+            "limits.max-disk-usage); it completes once consumers make room"
+        )
 
     # ---- producing and consuming ----
 

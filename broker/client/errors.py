@@ -41,6 +41,11 @@ class AlreadyExists(Refused):
     """A queue of that name exists already."""
 
 
+class Full(Refused):
+    """The node is full: memory (address-full-policy FAIL) or disk (limits.max-disk-usage).
+    Nothing was done; the send may succeed once consumers have freed room."""
+
+
 class Unavailable(PinmqError):
     """No answer from a node, or a node that cannot do it now: a retry may succeed."""
 
@@ -64,6 +69,7 @@ _BY_CODE: dict[str, type[PinmqError]] = {
     "ALREADY_EXISTS": AlreadyExists,
     "UNAVAILABLE": RefusedForNow,
     "DEADLINE_EXCEEDED": OutcomeUnknown,
+    "RESOURCE_EXHAUSTED": Full,
 }
 
 

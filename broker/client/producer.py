@@ -53,17 +53,45 @@ class Producer:
 
     async def send(self, body: Body, headers: Mapping[str, str] | None = None) -> int:
         """Send one message; returns its id once the node has it (on disk if persistent)."""
-        request = pb.SendRequest(message=self._message(body, headers))
-        reply = await self._client._call(self._client._broker.Send, request)
-        self._audit_sent((request.message,), (reply.msg_id,))
-        return reply.msg_id
+        return (await self._send_one_batch([self._message(body, headers)]))[0]
 
     async def send_batch(self, items: Sequence[Item]) -> list[int]:
         """Send several messages in one request: all are accepted or none."""
-        request = pb.SendBatchRequest(messages=[self._item(i) for i in items])
-        reply = await self._client._call(self._client._broker.SendBatch, request)
-        self._audit_sent(request.messages, reply.msg_ids)
-        return list(reply.msg_ids)
+        return await self._send_one_batch([self._item(i) for i in items])
+
+    async def _send_one_batch(self, messages: list[pb.Message]) -> list[int]:
+        """One batch on a SendStream: unlike a unary call, the stream can say at once that
+        the node holds the batch for room (address-full-policy BLOCK, a full disk), and then
+        no deadline runs while it waits; `on_blocked` of the client hears of it."""
+        client = self._client
+        call = client._broker.SendStream()
+        try:
+            async with asyncio.timeout(client.call_timeout) as limit:
+                await call.write(pb.SendBatchRequest(messages=messages))
+                await call.done_writing()
+                async for result in call:
+                    if result.blocked:
+                        limit.reschedule(None)
+                        client._blocked()
+                        continue
+                    if result.error_code:
+                        message = f"refused by {client.target}: {result.error_message}"
+                        raise error_for(result.error_code, message)
+                    self._audit_sent(messages, result.msg_ids)
+                    return list(result.msg_ids)
+        except grpc.RpcError as err:
+            raise from_rpc(err, client.target) from None
+        except TimeoutError:
+            raise OutcomeUnknown(
+                f"no answer from {client.target} in time: the outcome is unknown",
+                "DEADLINE_EXCEEDED",
+            ) from None
+        finally:
+            call.cancel()
+        raise OutcomeUnknown(
+            f"the send stream to {client.target} ended without a result: the outcome is unknown",
+            "UNAVAILABLE",
+        )
 
     def _audit_sent(self, messages: Sequence[pb.Message], ids: Sequence[int]) -> None:
         """`client_sent` for messages the node confirmed (audit log only)."""
@@ -94,7 +122,8 @@ class Producer:
         """Stream many messages, `window` batches in flight; returns the ids in order.
 
         `on_sent(n)` is called as each batch of n messages is confirmed. On the first failed
-        batch this raises; the batches confirmed before it are enqueued.
+        batch this raises; the batches confirmed before it are enqueued. While the node holds
+        a batch for room (address-full-policy BLOCK) no deadline runs.
         """
         call = self._client._broker.SendStream()
         credit = asyncio.Semaphore(window)
@@ -102,10 +131,20 @@ class Producer:
         failure: list[BaseException] = []
         in_flight: deque[list[pb.Message]] = deque()  # batches awaiting results (audit log)
         auditing = self._client.audit is not None and self.producer_id is not None
+        timer: list[asyncio.Timeout] = []  # the deadline now waited on: lifted while blocked
+        blocked = False  # the node holds a batch for room (address-full-policy BLOCK)
 
         async def read_results() -> None:
+            nonlocal blocked
             try:
                 async for result in call:
+                    if result.blocked:
+                        blocked = True
+                        self._client._blocked()
+                        for limit in timer:
+                            limit.reschedule(None)
+                        continue
+                    blocked = False
                     if result.error_code:
                         message = f"refused by {self._client.target}: {result.error_message}"
                         raise error_for(result.error_code, message)
@@ -127,7 +166,9 @@ class Producer:
         deadline = self._client.call_timeout
         try:
             for batch in self._batches(items, batch_size):
-                async with asyncio.timeout(deadline):  # a result frees a slot, or none comes
+                # a result frees a slot, or none comes
+                async with asyncio.timeout(None if blocked else deadline) as limit:
+                    timer[:] = [limit]
                     await credit.acquire()
                 if failure:
                     break
@@ -136,7 +177,8 @@ class Producer:
                 await call.write(pb.SendBatchRequest(messages=batch))
             if not failure:
                 await call.done_writing()
-            async with asyncio.timeout(deadline):
+            async with asyncio.timeout(None if blocked else deadline) as limit:
+                timer[:] = [limit]
                 await reader
         except TimeoutError:
             failure.append(

@@ -217,13 +217,20 @@ class Session:
 
         The caller awaits it before the next frame, so a connection's frames keep their order.
         """
+        wait = self.node.admit(list(dict.fromkeys((m.address, m.persistent) for m in batch)))
+        if wait is not None:  # address-full-policy BLOCK or a full disk: no RECEIPT till room
+            return self._route_later(batch, wait)
         sent = self.sending.send_now(batch, self._now)
         if sent is None:
             return self._route_later(batch)
         self._add(sent[1])
         return None
 
-    async def _route_later(self, batch: list[Outgoing]) -> None:
+    async def _route_later(
+        self, batch: list[Outgoing], room: Awaitable[None] | None = None
+    ) -> None:
+        if room is not None:
+            await room
         _, fx = await self.sending.send(batch)
         self._add(fx)
         self._now = now_ns()

@@ -1,0 +1,142 @@
+"""address-full-policy on a real node: FAIL refuses past max-size-bytes, BLOCK holds producers
+until consumers make room, PAGE keeps the backlog on disk and memory within the budget, and
+every message still reaches its group's consumer in order, across a restart too."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import NodeProcess, get
+from stomp_helpers import Raw
+
+from broker.client import Client, Full
+from broker.message import GROUP_ID_HEADER, GROUP_SEQ_HEADER
+from pinmq.stomp.frames import encode_frame
+
+BUDGET = 32 * 1024
+PAGE_BUDGET = 64 * 1024
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[NodeProcess]:
+    settings = {
+        "#": {},
+        "fail.#": {"max-size-bytes": BUDGET, "address-full-policy": "FAIL"},
+        "block.#": {"max-size-bytes": BUDGET, "address-full-policy": "BLOCK"},
+        "page.#": {"max-size-bytes": PAGE_BUDGET},  # PAGE: the default
+    }
+    node = NodeProcess(tmp_path, {"address-settings": settings}).start()
+    yield node
+    node.kill()
+
+
+def resources(node: NodeProcess) -> dict[str, Any]:
+    return get(node.http, "/readyz")[1]["resources"]
+
+
+async def drain(client: Client, queue: str, count: int) -> dict[str, list[int]]:
+    """Receive and ack `count` messages; the JMSXGroupSeq values per group, as received."""
+    seen: dict[str, list[int]] = defaultdict(list)
+    async with client.consumer(queue, prefetch=50) as consumer:
+        for _ in range(count):
+            m = await consumer.receive(timeout=30)
+            assert m is not None, f"only {sum(map(len, seen.values()))} of {count} arrived"
+            assert m.group_id is not None
+            seen[m.group_id].append(m.group_seq)
+            await m.ack()
+        assert await consumer.receive(timeout=0.3) is None
+    return seen
+
+
+async def test_fail_refuses_past_max_size_bytes_and_takes_sends_again_once_drained(
+    node: NodeProcess,
+) -> None:
+    queue = f"fail.{uuid.uuid4().hex[:8]}"
+    async with Client(node.url) as client:
+        await client.create_queue(queue)
+        producer = client.producer(queue, group_id="g")
+        sent = 0
+        with pytest.raises(Full, match=r"max-size-bytes \(32768\).*address-full-policy FAIL"):
+            for _ in range(100):
+                await producer.send(b"x" * 1024)
+                sent += 1
+        assert 10 < sent < BUDGET // 1024  # each counts for its body, headers and overhead
+        raw = Raw(node.stomp_port)
+        try:
+            raw.connect()
+            frame = {"destination": f"/queue/{queue}", "receipt": "r1"}
+            raw.send(encode_frame("SEND", frame, b"y", version="1.2"))
+            error = raw.frame()
+            assert error.command == "ERROR" and "max-size-bytes" in error.headers["message"]
+        finally:
+            raw.close()
+        assert (await client.queues())[0].depth == sent  # nothing refused got in
+        seen = await drain(client, queue, sent)
+        assert seen["g"] == sorted(seen["g"]) and len(seen["g"]) == sent
+        await producer.send(b"room again")
+
+
+async def test_block_holds_producers_until_consumers_make_room(node: NodeProcess) -> None:
+    queue = f"block.{uuid.uuid4().hex[:8]}"
+    notices: list[str] = []
+    async with Client(node.url, on_blocked=notices.append) as client:
+        await client.create_queue(queue)
+        producers = [client.producer(queue, group_id=f"g{i}") for i in range(4)]
+
+        async def produce(p: Any) -> None:
+            for _ in range(50):
+                await p.send(b"z" * 1024)
+
+        sending = asyncio.gather(*(produce(p) for p in producers))
+        for _ in range(200):
+            if notices and resources(node)["blocked_producers"] == 4:
+                break
+            await asyncio.sleep(0.05)
+        assert notices and "BLOCK" in notices[0]
+        assert resources(node)["blocked_producers"] == 4  # each waits, none failed
+        assert not sending.done()
+        assert (await client.queues())[0].depth < BUDGET // 1024
+        seen = await drain(client, queue, 200)
+        await sending
+    assert sorted(seen) == ["g0", "g1", "g2", "g3"]
+    for seqs in seen.values():
+        assert seqs == list(range(1, 51))
+    assert resources(node)["blocked_producers"] == 0
+
+
+async def test_page_keeps_memory_within_the_budget_and_delivers_every_group_in_order(
+    node: NodeProcess,
+) -> None:
+    queue = f"page.{uuid.uuid4().hex[:8]}"
+    groups, per_group = 30, 100
+    items = [
+        (b"p" * 1024, {GROUP_ID_HEADER: f"g{i % groups}", GROUP_SEQ_HEADER: str(i // groups + 1)})
+        for i in range(groups * per_group)
+    ]
+    total = len(items)
+    async with Client(node.url) as client:
+        await client.create_queue(queue)
+        await client.producer(queue).send_many(items, batch_size=100)
+        held = resources(node)
+        assert held["paging_queues"] == [queue]
+        assert held["paged_messages"] > total - PAGE_BUDGET // 1024
+        assert held["memory_bytes"] <= PAGE_BUDGET + 2048  # one message past the budget at most
+        assert (await client.queues())[0].depth == total
+    assert node.stop() == 0
+    node.start()  # restored paged: memory stays within the budget
+    held = resources(node)
+    assert held["paged_messages"] > total - PAGE_BUDGET // 1024
+    assert held["memory_bytes"] <= PAGE_BUDGET + 2048
+    async with Client(node.url) as client:
+        seen = await drain(client, queue, total)
+        assert (await client.queues())[0].depth == 0
+    assert len(seen) == groups
+    for seqs in seen.values():
+        assert seqs == list(range(1, per_group + 1))
+    assert resources(node)["paging_queues"] == []
