@@ -19,18 +19,11 @@ import time
 from pathlib import Path
 
 from harness.nodes import running_node
-from harness.procs import run_main
+from harness.procs import rss_mib, run_main
 
 from pinmq.stomp.frames import encode_frame
 
 MIB = 1 << 20
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
 
 
 def settled(pid: int) -> float:

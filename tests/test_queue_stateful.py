@@ -50,6 +50,8 @@ class QueueMachine(RuleBasedStateMachine):
         self.settled: set[int] = set()  # acked or dead
         self.sent = 0
         self.deliveries_seen = 0
+        self.paging = False  # sends go to the page (the core's choice when the address is full)
+        self.disk: list[Message] = []  # paged messages, oldest first, as the store holds them
 
     # ---- steps --------------------------------------------------------------------------
 
@@ -91,7 +93,25 @@ class QueueMachine(RuleBasedStateMachine):
         self.per_key[key] += 1
         self.sent += 1
         fx = Effects()
-        self.q.enqueue(Message(msg_id, "q", "q", b"", headers), self.now, fx)
+        m = Message(msg_id, "q", "q", b"", headers, persistent=True)
+        if self.paging or self.q.paged:  # once paging, every later message joins the page
+            self.q.page(m)
+            self.disk.append(m)
+        else:
+            self.q.enqueue(m, self.now, fx)
+        self._apply(fx)
+
+    @rule(on=st.booleans())
+    def address_full(self, on: bool) -> None:
+        self.paging = on
+
+    @precondition(lambda self: self.disk)
+    @rule(n=st.integers(min_value=1, max_value=4))
+    def page_in(self, n: int) -> None:
+        """Room came back: the oldest paged messages are read back into memory."""
+        taken, self.disk = self.disk[:n], self.disk[n:]
+        fx = Effects()
+        self.q.unpage(taken, self.now, fx)
         self._apply(fx)
 
     @rule(consumer=st.sampled_from(CONSUMERS), prefetch=st.integers(min_value=1, max_value=4))
@@ -208,6 +228,10 @@ class QueueMachine(RuleBasedStateMachine):
             assert {d: m.msg_id for d, m in self.q.unacked(consumer)} == held
             assert len(held) <= self.prefetch[consumer]
         assert self.q.depth == self.sent - len(self.settled)
+        assert self.q.paged == len(self.disk)
+        in_memory = self.q.held()  # what the meter counts: paged messages are not in it
+        assert self.q.bytes == self.q.meter.bytes == sum(m.size for m in in_memory)
+        assert all(m.size > 0 for m in in_memory)
 
     @invariant()
     def one_consumer_per_group(self) -> None:
@@ -263,6 +287,8 @@ class QueueMachine(RuleBasedStateMachine):
         self.q.subscribe("helper", "helper", 1, self.now, fx)  # consumers-before-dispatch: 2
         self._apply(fx)
         for _ in range(200):
+            if self.disk:
+                self.page_in(10)
             if self.q.depth == 0:
                 break
             for consumer in ("drain", "helper"):

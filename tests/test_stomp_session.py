@@ -37,6 +37,9 @@ class StubNode:
     def consumers_changed(self, queue: str) -> None:
         pass
 
+    def admit(self, addresses: Any) -> None:
+        """Room for every send: the budget is the engine's (tests/test_address_full.py)."""
+
     def apply(self, fx: Effects, receipt: Any = None) -> asyncio.Future[None] | None:
         for d in fx.deliveries:
             stream = self.streams.get(d.consumer_id)

@@ -32,6 +32,14 @@ _DIE_WITH_PARENT_EXEC = (
 )
 
 
+def rss_mib(pid: int) -> float:
+    """Resident set size of a process, MiB (Linux /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
 def die_with_parent() -> None:
     """Ask Linux to SIGTERM this process when its parent dies (best effort)."""
     with suppress(OSError, AttributeError):
