@@ -352,15 +352,17 @@ class Engine:
     def admit(self, addresses: Sequence[tuple[str, bool]]) -> Coroutine[Any, Any, None] | None:
         """May a client send these (address, persistent) now? None: yes. Raises AddressFull
         (FAIL); returns what to await when the send must wait for room (BLOCK)."""
-        core = self.core
         try:
-            for address, persistent in addresses:
-                core.admit(address, persistent)
+            self._admit_all(addresses)
         except AddressFull as full:
             if not full.block:
                 raise
             return self._blocked(addresses, str(full))
         return None
+
+    def _admit_all(self, addresses: Sequence[tuple[str, bool]]) -> None:
+        for address, persistent in addresses:
+            self.core.admit(address, persistent)
 
     async def _blocked(self, addresses: Sequence[tuple[str, bool]], reason: str) -> None:
         self.blocked += 1
@@ -369,8 +371,7 @@ class Engine:
             while True:
                 await self._space.wait()
                 try:
-                    for address, persistent in addresses:
-                        self.core.admit(address, persistent)
+                    self._admit_all(addresses)
                     return
                 except AddressFull as full:
                     if not full.block:
