@@ -379,6 +379,15 @@ class Engine:
         finally:
             self.blocked -= 1
 
+    async def memory_room(self) -> None:
+        """Wait until the node holds less than limits.global-max-size (a paused STOMP read)."""
+        self.blocked += 1
+        try:
+            while self.core.budget.node.full:
+                await self._space.wait()
+        finally:
+            self.blocked -= 1
+
     def _freed(self) -> None:
         """Messages left memory: blocked producers look again, paged queues may read back."""
         self._wake_blocked()

@@ -5,6 +5,7 @@ every message still reaches its group's consumer in order, across a restart too.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
@@ -140,3 +141,67 @@ async def test_page_keeps_memory_within_the_budget_and_delivers_every_group_in_o
     for seqs in seen.values():
         assert seqs == list(range(1, per_group + 1))
     assert resources(node)["paging_queues"] == []
+
+
+async def test_stomp_transactions_and_partial_frames_count_against_global_max_size(
+    tmp_path: Path,
+) -> None:
+    """What a STOMP connection buffers (open transactions, a partial frame) is memory too:
+    it fills the node's budget, and a partial frame stops being read while the node is full."""
+    budget = 512 * 1024
+    node = NodeProcess(
+        tmp_path,
+        {
+            "limits": {"global-max-size": budget, "max-message-size": 4 << 20},
+            "stomp": {"max-frame-size": 8 << 20, "frame-timeout-ms": 2000},
+            "address-settings": {"#": {"address-full-policy": "FAIL"}},
+        },
+    ).start()
+    try:
+        async with Client(node.url) as client:
+            await client.create_queue("tx")
+            producer = client.producer("tx")
+            raw = Raw(node.stomp_port)
+            try:
+                raw.connect()
+                raw.send(encode_frame("BEGIN", {"transaction": "t1"}, b"", version="1.2"))
+                for n in range(9):  # 540 KiB: each is admitted while the node holds less
+                    frame = {"destination": "/queue/tx", "transaction": "t1", "receipt": f"r{n}"}
+                    raw.send(encode_frame("SEND", frame, b"t" * 60 * 1024, version="1.2"))
+                    assert raw.frame().command == "RECEIPT"
+                assert resources(node)["memory_bytes"] >= 540 * 1024
+                with pytest.raises(Full, match=r"limits.global-max-size \(524288\)"):
+                    await producer.send(b"x")
+                abort = {"transaction": "t1", "receipt": "r3"}
+                raw.send(encode_frame("ABORT", abort, b"", version="1.2"))
+                assert raw.frame().command == "RECEIPT"
+                assert resources(node)["memory_bytes"] < 1024
+                await producer.send(b"room again")
+            finally:
+                raw.close()
+
+            partial = Raw(node.stomp_port)
+            try:
+                partial.connect()
+                head = b"SEND\ndestination:/queue/tx\ncontent-length:3145728\n\n"
+                partial.sock.settimeout(2)
+                with contextlib.suppress(TimeoutError):  # the node stops reading: sends block
+                    partial.send(head + b"p" * (2 << 20))
+                for _ in range(100):
+                    held = resources(node)
+                    if held["blocked_producers"]:
+                        break
+                    await asyncio.sleep(0.05)
+                assert held["blocked_producers"] == 1  # its reader waits for room
+                assert budget < held["memory_bytes"] <= budget + 256 * 1024 + 4096
+                with pytest.raises(Full):
+                    await producer.send(b"x")
+            finally:
+                partial.close()  # seen once the paused read's frame deadline passes
+            for _ in range(100):
+                if resources(node)["memory_bytes"] < budget:
+                    break
+                await asyncio.sleep(0.05)
+            await producer.send(b"after the partial frame went")
+    finally:
+        node.kill()

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
+from broker.budget import Meter
 from broker.engine import ConsumerStream
 from broker.sending import Outgoing
 from pinmq.stomp.frames import Frame
@@ -160,10 +161,11 @@ class Transaction:
 class Transactions:
     """A connection's open transactions and the bytes they buffer, within the limits."""
 
-    def __init__(self, max_ops: int) -> None:
+    def __init__(self, max_ops: int, held: Meter | None = None) -> None:
         self._open: dict[str, Transaction] = {}
         self._bytes = 0
         self.max_ops = max_ops  # frames one transaction may hold (limits.max-batch-messages)
+        self._held = held if held is not None else Meter()  # the node's memory: counted there
 
     def begin(self, tx: str) -> None:
         if tx in self._open:
@@ -188,16 +190,19 @@ class Transactions:
         t.ops.append(op)
         t.size += size
         self._bytes += size
+        self._held.add(size)
 
     def pop(self, tx: str) -> Transaction:
         t = self._open.pop(tx, None)
         if t is None:
             raise ProtocolError(f"no transaction {tx!r} on this connection")
         self._bytes -= t.size
+        self._held.add(-t.size)
         return t
 
     def clear(self) -> None:
         self._open.clear()
+        self._held.add(-self._bytes)
         self._bytes = 0
 
     def __len__(self) -> int:

@@ -26,6 +26,7 @@ from pinmq.stomp.session import Session
 READ_CHUNK = 256 * 1024
 WRITE_SLICE = 1024 * 1024  # bytes per socket write (and drain) at most, big bodies aside
 HIGH_WATER = 4 * 1024 * 1024  # queued control frames (receipts) before reading pauses
+PAUSE_PARTIAL = 64 * 1024  # a partial frame this big waits for room when memory is full
 CLOSE_GRACE_S = 5.0  # to flush the last frames (ERROR, RECEIPT) before closing anyway
 log = logs.get("stomp")
 
@@ -90,6 +91,7 @@ class Connection:
         writer: asyncio.StreamWriter,
         session_id: str,
     ) -> None:
+        self.node = node
         self.reader = reader
         self.writer = writer
         self.loop = asyncio.get_running_loop()
@@ -169,6 +171,19 @@ class Connection:
                     frame_deadline = loop.time() + self.frame_timeout_ms / 1000  # a frame began
                 if beats is None and any(session.heart_beat) and not session.closing:
                     beats = asyncio.create_task(self._heart_beats())
+                if session.partial >= PAUSE_PARTIAL and self.node.core.budget.node.full:
+                    # A big partial frame holds memory: read no more of it until there is
+                    # room, the frame's deadline still running.
+                    try:
+                        await asyncio.wait_for(
+                            self.node.memory_room(), max(0.0, frame_deadline - loop.time())
+                        )
+                    except TimeoutError:
+                        session.fail(
+                            f"frame not completed within {self.frame_timeout_ms} ms "
+                            "(the node's memory is full: limits.global-max-size)"
+                        )
+                        return beats
                 if session.pending_bytes > HIGH_WATER:
                     session.drained.clear()
                     await session.drained.wait()

@@ -100,7 +100,10 @@ class Session:
         self.by_consumer: dict[str, Subscription] = {}
         # STOMP 1.0/1.1 acknowledge by message-id: msg id -> (subscription, delivery id)
         self.by_msg_id: dict[int, tuple[Subscription, int]] = {}
-        self.txs = Transactions(node.config.limits.max_batch_messages)
+        memory = node.core.budget.node  # transactions and partial frames count there too
+        self.txs = Transactions(node.config.limits.max_batch_messages, memory)
+        self._memory = memory
+        self.partial = 0  # bytes of a partial frame counted on the node's memory
         self._n_subs = 0
         self._name = session_id
         self._now = 0
@@ -153,6 +156,14 @@ class Session:
                     self._receipts.append(receipt)
         finally:
             self.flush()
+            self._count_partial()
+
+    def _count_partial(self) -> None:
+        """Keep the node's memory meter in step with this connection's partial frame."""
+        buffered = self.parser.buffered
+        if buffered != self.partial:
+            self._memory.add(buffered - self.partial)
+            self.partial = buffered
 
     def handle(self, frame: Frame) -> Awaitable[None] | None:
         """Apply one frame to the core; returns an awaitable when it must wait (queue creation)."""
@@ -207,10 +218,17 @@ class Session:
             raise ProtocolError(str(err)) from None
         message = Outgoing(address, body, headers, persistent)
         tx = h.get("transaction")
-        if tx is not None:
+        if tx is None:
+            return self._route([message])
+        room = self.node.admit([(address, persistent)])  # a buffered frame holds memory too
+        if room is None:
             self.txs.buffer(tx, message, len(body))
             return None
-        return self._route([message])
+        return self._buffer_later(tx, message, room)
+
+    async def _buffer_later(self, tx: str, message: Outgoing, room: Awaitable[None]) -> None:
+        await room
+        self.txs.buffer(tx, message, len(message.body))
 
     def _route(self, batch: list[Outgoing]) -> Awaitable[None] | None:
         """Route SENDs now, or return what awaits their grouping decisions and routes them.
@@ -407,6 +425,7 @@ class Session:
         # A partial frame can be megabytes, and the session sits in reference cycles (its
         # handlers are its own bound methods) that only the cycle collector would free.
         self.parser.release()
+        self._count_partial()
         self._handlers = {}
         self.on_closing = None
 
