@@ -335,6 +335,7 @@ class BrokerCore:
         q.unpage(messages, now_ns, fx)
         if not q.paged:
             self.paging.discard(queue)
+            fx.paging.append((queue, False))
         self._dead_letter(now_ns, fx)
         return fx
 
@@ -448,8 +449,10 @@ class BrokerCore:
             m.persistent and q.settings.durable and meter.policy == "PAGE" and meter.full
         ):
             m.persistent = True
+            if not q.paged:
+                self.paging.add(q.name)
+                fx.paging.append((q.name, True))
             q.page(m)
-            self.paging.add(q.name)
         else:
             q.enqueue(m, now_ns, fx)
 

@@ -55,6 +55,8 @@ class Effects:
     stalled: list[tuple[str, str, int, int]] = field(default_factory=list)
     # dead messages with nowhere to go, and why: dropped (and logged), not silently
     dropped: list[tuple[Message, str]] = field(default_factory=list)
+    # queues that began paging (True) or read their whole page back (False): logged
+    paging: list[tuple[str, bool]] = field(default_factory=list)
 
     def merge(self, other: Effects) -> None:
         """Fold a later operation's effects in, so several operations cost one store write."""
@@ -66,3 +68,4 @@ class Effects:
         self.queues_created += other.queues_created
         self.stalled += other.stalled
         self.dropped += other.dropped
+        self.paging += other.paging

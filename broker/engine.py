@@ -213,6 +213,13 @@ class Engine:
             )
         for m, why in fx.dropped:
             log.warning("dead message dropped", queue=m.queue, msg_id=m.msg_id, reason=why)
+        for queue, started in fx.paging:
+            if started:
+                log.warning(
+                    "queue pages: its address is full, new messages stay on disk", queue=queue
+                )
+            else:
+                log.info("queue read its page back: all its messages are in memory", queue=queue)
         for address, name, settings in fx.queues_created:
             if settings.durable:
                 stored = {**_settings(settings), AUTO_CREATED: True}  # created by a send
@@ -366,7 +373,8 @@ class Engine:
 
     async def _blocked(self, addresses: Sequence[tuple[str, bool]], reason: str) -> None:
         self.blocked += 1
-        log.info("producer blocked", reason=reason)
+        if self.blocked == 1:  # once per spell, not per send
+            log.warning("producers blocked until there is room", reason=reason)
         try:
             while True:
                 await self._space.wait()
@@ -377,7 +385,12 @@ class Engine:
                     if not full.block:
                         raise
         finally:
-            self.blocked -= 1
+            self._unblock()
+
+    def _unblock(self) -> None:
+        self.blocked -= 1
+        if not self.blocked:
+            log.info("no producer blocked any more")
 
     async def memory_room(self) -> None:
         """Wait until the node holds less than limits.global-max-size (a paused STOMP read)."""
@@ -386,7 +399,7 @@ class Engine:
             while self.core.budget.node.full:
                 await self._space.wait()
         finally:
-            self.blocked -= 1
+            self._unblock()
 
     def _freed(self) -> None:
         """Messages left memory: blocked producers look again, paged queues may read back."""
