@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -122,6 +122,9 @@ class Engine:
         self._room = asyncio.Event()  # set when memory frees while queues page
         self._space = asyncio.Event()  # replaced once set: wakes producers blocked (BLOCK)
         self.blocked = 0  # producers waiting for room
+        # Told of paged messages just before they come back into memory (cluster/claims.py
+        # holds their groups unless they are known to be bound to this node).
+        self.before_page_in: Callable[[str, Sequence[Message]], None] | None = None
 
     @property
     def store(self) -> Store:
@@ -500,6 +503,8 @@ class Engine:
                         average = max(1, sum(m.size for m in messages) // len(messages))
                     if not messages and q.page_after == after and name in core.paging:
                         log.error("paged messages not in the store", queue=name, paged=q.paged)
+                    if messages and self.before_page_in is not None:
+                        self.before_page_in(name, messages)
                     self.apply(core.page_in(name, after, messages, now_ns()))
 
     async def _tick_loop(self) -> None:

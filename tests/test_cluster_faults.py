@@ -25,7 +25,7 @@ from cluster_nodes import (
     stomp_send,
     until,
 )
-from conftest import cli, unique
+from conftest import cli, get, unique
 from grpc_health.v1 import health_pb2
 
 from broker.client import Client, PinmqError, RefusedForNow, Unavailable
@@ -377,3 +377,51 @@ async def test_a_frozen_peer_is_noticed_logged_and_linked_again_when_it_thaws(
         os.kill(frozen.pid, signal.SIGCONT)
     nodes.wait_linked()
     assert all(v["connected"] for v in nodes.view("n1").values())
+
+
+async def test_a_paged_group_moved_while_its_node_was_down_follows_its_binding(
+    tmp_path: Path, own: list[ClusterNodes]
+) -> None:
+    """n3 pages a backlog (its address holds 8 KiB in memory). While n3 is down, one group
+    of the backlog is forced to n1. When n3 returns, that group's messages come back from
+    n3's page into memory: they must follow the group to n1, never reach n3's consumer."""
+    queue = unique("pagedmove")
+    spec = grouping(NODES, timeout=500)
+    spec["n3"] = {**spec["n3"], "address-settings": {"#": {}, queue: {"max-size-bytes": 8192}}}
+    nodes = ClusterNodes(tmp_path, spec)
+    own.append(nodes.start())
+    filler, moved = unique("filler"), unique("moved")
+    await create_everywhere(nodes, queue)
+    first, found, back, clients = Collector(), Collector(), Collector(), []
+    try:
+        await consumers_on(nodes, queue, ["n3"], first, clients)  # binds both groups to n3
+        async with nodes.client("n3") as client:
+            for group in (filler, moved):
+                await client.producer(queue, group_id=group).send("bind")
+            await first.wait(2)
+        await first.close()
+        nodes.wait_consumers(queue, {"n3": 0})
+        async with nodes.client("n3") as client:
+            await client.producer(queue, group_id=filler).send_batch([b"f" * 1024] * 20)
+            await client.producer(queue, group_id=moved).send_batch(["p0", "p1", "p2"])
+            status = get(nodes.nodes["n3"].http, "/readyz")[1]["resources"]
+            assert status["paging_queues"] == [queue] and status["paged_messages"] >= 3
+        nodes.stop("n3")
+        await consumers_on(nodes, queue, ["n1"], found, clients)
+        async with nodes.client("n2") as client:
+            await client.cluster_reset_group(moved, queue, force=True)
+        async with nodes.client("n1") as client:
+            await client.producer(queue, group_id=moved).send_batch(["b0", "b1"])
+        await found.wait(2)
+        nodes.start("n3")
+        await consumers_on(nodes, queue, ["n3"], back, clients)
+        await back.wait(20, "(the filler group, still bound to n3)")
+        await found.wait(5, "(the paged messages moved to n1)")
+        got = [m.body.decode() for _, m in found.got]
+        assert got == ["b0", "b1", "p0", "p1", "p2"], got
+        assert {m.group_id for _, m in back.got} == {filler}
+    finally:
+        await back.close()
+        await found.close()
+        for client in clients:
+            await client.close()

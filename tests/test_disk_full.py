@@ -68,7 +68,8 @@ async def test_a_full_disk_refuses_sends_lets_consumers_drain_and_sends_resume(
     tmp_path: Path, volume: Path
 ) -> None:
     limits = {"max-disk-usage": 80, "disk-reserve": "2MiB"}
-    node = NodeProcess(tmp_path, {"limits": limits})
+    settings = {"#": {}, "held.#": {"address-full-policy": "BLOCK"}}
+    node = NodeProcess(tmp_path, {"limits": limits, "address-settings": settings})
     node.data_dir = volume / "data"
     config = node.config_path.read_text().replace(str(tmp_path / "data"), str(node.data_dir))
     node.config_path.write_text(config)
@@ -77,6 +78,7 @@ async def test_a_full_disk_refuses_sends_lets_consumers_drain_and_sends_resume(
         acked: dict[str, list[int]] = defaultdict(list)
         async with Client(node.url) as client:
             await client.create_queue("work")
+            await client.create_queue("held.q")
             producer = client.producer("work")
             with pytest.raises(Full, match=r"above limits.max-disk-usage \(80%\)") as refused:
                 for i in range(10_000):
@@ -86,6 +88,13 @@ async def test_a_full_disk_refuses_sends_lets_consumers_drain_and_sends_resume(
             sent = sum(map(len, acked.values()))
             assert sent > 1000, refused.value  # about 80% of 48 MiB in 16 KiB messages
             assert resources(node)["disk_full"] is True
+            # Under BLOCK a persistent send waits for room instead of failing.
+            held = asyncio.create_task(client.producer("held.q").send(b"held"))
+            for _ in range(100):
+                if resources(node)["blocked_producers"]:
+                    break
+                await asyncio.sleep(0.05)
+            assert resources(node)["blocked_producers"] == 1 and not held.done()
 
             ballast = volume / "ballast"
             fill(ballast)  # another program takes the rest: the volume is at 100%
@@ -104,6 +113,7 @@ async def test_a_full_disk_refuses_sends_lets_consumers_drain_and_sends_resume(
             assert node.proc.poll() is None
 
             ballast.unlink()
+            assert await asyncio.wait_for(held, 30) > 0  # it went in once there was room
             for _ in range(100):  # the node sees the room within a tick or two
                 if not resources(node)["disk_full"]:
                     break
