@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import NodeProcess, get
+from conftest import PINMQ, NodeProcess, get
 from stomp_helpers import Raw
 
 from broker.client import Client, Full
@@ -102,12 +103,33 @@ async def test_block_holds_producers_until_consumers_make_room(node: NodeProcess
         assert notices and "BLOCK" in notices[0]
         assert resources(node)["blocked_producers"] == 4  # each waits, none failed
         assert not sending.done()
-        assert (await client.queues())[0].depth < BUDGET // 1024
-        seen = await drain(client, queue, 200)
-        await sending
-    assert sorted(seen) == ["g0", "g1", "g2", "g3"]
-    for seqs in seen.values():
-        assert seqs == list(range(1, 51))
+        # A STOMP SEND waits too (its RECEIPT with it), and `pinmq send` says it is blocked.
+        raw = Raw(node.stomp_port)
+        raw.connect()
+        frame = {"destination": f"/queue/{queue}", "receipt": "held", GROUP_ID_HEADER: "stomp"}
+        raw.send(encode_frame("SEND", frame, b"s", version="1.2"))
+        command = [*PINMQ, "send", queue, "--group", "cli", "--body", "c", "--url", node.url]
+        cli = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            for _ in range(200):
+                if resources(node)["blocked_producers"] == 6:
+                    break
+                await asyncio.sleep(0.05)
+            assert resources(node)["blocked_producers"] == 6
+            assert (await client.queues())[0].depth < BUDGET // 1024
+            seen = await drain(client, queue, 202)
+            await sending
+            assert raw.frame().headers.get("receipt-id") == "held"
+            out, err = cli.communicate(timeout=30)
+            assert cli.returncode == 0 and "sent 1 messages" in out, err
+            assert "send blocked by" in err and "address-full-policy BLOCK" in err
+        finally:
+            raw.close()
+            cli.kill()
+            cli.wait()
+    assert sorted(seen) == ["cli", "g0", "g1", "g2", "g3", "stomp"]
+    for group in ("g0", "g1", "g2", "g3"):
+        assert seen[group] == list(range(1, 51))
     assert resources(node)["blocked_producers"] == 0
 
 
