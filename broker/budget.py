@@ -83,9 +83,8 @@ class Budget:
         m = self._meters.get(address)
         if m is None:
             rules = self.config.settings_for(address)
-            m = self._meters[address] = Meter(
-                rules.max_size_bytes, rules.address_full_policy, self.node
-            )
+            limit, policy = rules.memory_limit(address not in self.config.addresses)
+            m = self._meters[address] = Meter(limit, policy, self.node)
         return m
 
     def forget(self, address: str) -> None:

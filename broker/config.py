@@ -156,6 +156,20 @@ class AddressSettings(Strict):
     # refused, PAGE keeps persistent messages on disk only until there is room for them.
     max_size_bytes: Annotated[int, BeforeValidator(_size), Field(ge=-1)] = -1
     address_full_policy: Literal["PAGE", "BLOCK", "FAIL"] = "PAGE"
+    # The same for auto-created addresses only (null: as above), like the other default- keys.
+    default_max_size_bytes: Annotated[int | None, BeforeValidator(_size), Field(ge=-1)] = None
+    default_address_full_policy: Literal["PAGE", "BLOCK", "FAIL"] | None = None
+
+    def memory_limit(self, auto_created: bool) -> tuple[int, Literal["PAGE", "BLOCK", "FAIL"]]:
+        """(max-size-bytes, address-full-policy) of an address under these settings."""
+        if not auto_created:
+            return self.max_size_bytes, self.address_full_policy
+        size = self.default_max_size_bytes
+        policy = self.default_address_full_policy
+        return (
+            self.max_size_bytes if size is None else size,
+            self.address_full_policy if policy is None else policy,
+        )
 
     @field_validator("default_group_header")
     @classmethod
