@@ -544,7 +544,8 @@ class Engine:
 
     async def delete_queue(self, name: str) -> int:
         """Delete a queue and its messages; its consumers' streams end with NOT_FOUND."""
-        removed = len(self.core.delete_queue(name).removed)
+        removed = self.core.queue(name).depth  # paged messages too: the store drops them
+        self.core.delete_queue(name)
         self.end_consumers(name, "NOT_FOUND", f"queue {name!r} was deleted")
         for observer in self.observers:
             observer.queues_changed()

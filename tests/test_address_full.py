@@ -227,3 +227,18 @@ async def test_stomp_transactions_and_partial_frames_count_against_global_max_si
             await producer.send(b"after the partial frame went")
     finally:
         node.kill()
+
+
+async def test_deleting_a_paging_queue_removes_its_paged_messages_too(node: NodeProcess) -> None:
+    queue = f"page.{uuid.uuid4().hex[:8]}"
+    async with Client(node.url) as client:
+        await client.create_queue(queue)
+        await client.producer(queue).send_many([b"d" * 1024] * 300, batch_size=100)
+        assert resources(node)["paged_messages"] > 200
+        assert await client.delete_queue(queue) == 300  # in memory and paged alike
+        assert resources(node)["paging_queues"] == []
+        assert resources(node)["memory_bytes"] == 0
+    assert node.stop() == 0
+    node.start()
+    async with Client(node.url) as client:
+        assert queue not in {q.name for q in await client.queues()}
