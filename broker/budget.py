@@ -27,10 +27,16 @@ Policy = Literal["PAGE", "BLOCK", "FAIL"]
 
 def footprint(m: Message) -> int:
     """The bytes a message is counted for while it is held in memory."""
-    size = MESSAGE_OVERHEAD + len(m.body)
-    for key, value in m.headers.items():
-        size += HEADER_OVERHEAD + len(key) + len(value)
-    return size
+    headers = m.headers
+    if not headers:
+        return MESSAGE_OVERHEAD + len(m.body)
+    return (
+        MESSAGE_OVERHEAD
+        + len(m.body)
+        + HEADER_OVERHEAD * len(headers)
+        + sum(map(len, headers))
+        + sum(map(len, headers.values()))
+    )
 
 
 class Meter:

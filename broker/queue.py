@@ -83,7 +83,6 @@ class Queue:
         self.address = address
         self.settings = settings
         self.meter = meter if meter is not None else Meter()
-        self.bytes = 0  # counted footprint of the messages held in memory
         # Paging: persistent messages kept on disk only, every one newer than anything held
         # in memory; `unpage` takes them back oldest first, so each group keeps its order.
         self.paged = 0
@@ -623,19 +622,27 @@ class Queue:
     # ---- helpers ------------------------------------------------------------------------
 
     def _count(self, m: Message) -> None:
-        if not m.size:
-            m.size = footprint(m)
-        self.bytes += m.size
-        self.meter.add(m.size)
+        size = m.size or footprint(m)
+        m.size = size
+        meter = self.meter  # Meter.add, inlined: this runs for every message
+        meter.bytes += size
+        if meter.node is not None:
+            meter.node.bytes += size
 
     def _uncount(self, m: Message) -> None:
-        self.bytes -= m.size
-        self.meter.add(-m.size)
+        meter = self.meter
+        meter.bytes -= m.size
+        if meter.node is not None:
+            meter.node.bytes -= m.size
+
+    @property
+    def bytes(self) -> int:
+        """What the messages held in memory count for (walks them: for checks, not dispatch)."""
+        return sum(m.size for m in self.held())
 
     def forget(self) -> None:
         """The queue is deleted: what it held no longer counts."""
         self.meter.add(-self.bytes)
-        self.bytes = 0
 
     def _consumer(self, consumer_id: str) -> _Consumer:
         c = self._consumers.get(consumer_id)
