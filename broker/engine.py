@@ -29,6 +29,7 @@ from broker.config import NodeConfig, QueueConfig
 from broker.core import AddressFull, BrokerCore, CoreError
 from broker.effects import Delivery, Effects
 from broker.message import Message
+from broker.queue import QueueError
 from broker.store import Store, StoreError
 
 TICK_S = 0.05
@@ -505,7 +506,12 @@ class Engine:
                         log.error("paged messages not in the store", queue=name, paged=q.paged)
                     if messages and self.before_page_in is not None:
                         self.before_page_in(name, messages)
-                    self.apply(core.page_in(name, after, messages, now_ns()))
+                    try:
+                        fx = core.page_in(name, after, messages, now_ns())
+                    except QueueError as err:  # a bug: say so, and leave the rest paged
+                        log.error("paged messages cannot be read back", queue=name, error=str(err))
+                        break
+                    self.apply(fx)
 
     async def _tick_loop(self) -> None:
         sweep_at = 0.0
