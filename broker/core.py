@@ -323,16 +323,20 @@ class BrokerCore:
         if refusal is not None:
             raise AddressFull(refusal)
 
-    def page_in(self, queue: str, after: int, messages: Sequence[Message], now_ns: int) -> Effects:
-        """Paged messages read back from the store (`Queue.unpage`), if the queue still
-        expects exactly these; a read that raced a queue's deletion is dropped."""
+    def page_in(
+        self,
+        queue: str,
+        group: str | None,
+        msg_ids: Sequence[int],
+        messages: Sequence[Message],
+        now_ns: int,
+    ) -> Effects:
+        """Paged messages read back from the store (`Queue.unpage`), if the group still
+        expects exactly these; a read that raced a deletion or another read is dropped."""
         fx = Effects()
         q = self._queues.get(queue)
-        if q is None or q.page_after != after:
+        if q is None or not q.unpage(group, msg_ids, messages, now_ns, fx):
             return fx
-        if not messages:  # the store holds none of what the queue counts as paged
-            q.paged = 0
-        q.unpage(messages, now_ns, fx)
         if not q.paged:
             self.paging.discard(queue)
             fx.paging.append((queue, False))
@@ -441,20 +445,13 @@ class BrokerCore:
         return msg_id
 
     def _place(self, q: Queue, m: Message, now_ns: int, fx: Effects) -> None:
-        """Into memory, or, when its address is full under PAGE, onto the queue's page (on disk
-        only). Once a queue pages, every message behind joins the page until it is read back
-        (a non-persistent one is stored like a persistent one, so it keeps its place)."""
+        """Into memory, or, when its address is full under PAGE, onto its group's page (on
+        disk only, `Queue.enqueue`); a group that pages keeps paging until read back."""
         meter = q.meter
-        if q.paged or (
-            m.persistent and q.settings.durable and meter.policy == "PAGE" and meter.full
-        ):
-            m.persistent = True
-            if not q.paged:
-                self.paging.add(q.name)
-                fx.paging.append((q.name, True))
-            q.page(m)
-        else:
-            q.enqueue(m, now_ns, fx)
+        full = m.persistent and q.settings.durable and meter.policy == "PAGE" and meter.full
+        if q.enqueue(m, now_ns, fx, full) and q.name not in self.paging:
+            self.paging.add(q.name)
+            fx.paging.append((q.name, True))
 
     def _targets(self, a: _Address, headers: dict[str, str]) -> list[str]:
         if a.routing_type == "multicast" or len(a.queues) <= 1:

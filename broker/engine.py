@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,11 +29,11 @@ from broker.config import NodeConfig, QueueConfig
 from broker.core import AddressFull, BrokerCore, CoreError
 from broker.effects import Delivery, Effects
 from broker.message import Message
-from broker.queue import QueueError
 from broker.store import Store, StoreError
 
 TICK_S = 0.05
-PAGE_READ = 1000  # paged messages read back per store read, at most
+PAGE_READ = 1000  # paged messages of one group read back at once, at most
+PAGE_GROUPS = 200  # groups read back at once, at most (one store read)
 PAGE_GUESS_BYTES = 2048  # a paged message's footprint before any has been read
 DISK_POLL_BYTES = 1 << 20  # the data volume is looked at again after this many bytes sent
 GIVEBACK_S = 1.0  # at most this often, a tight disk gets the store's free pages back
@@ -123,9 +123,6 @@ class Engine:
         self._room = asyncio.Event()  # set when memory frees while queues page
         self._space = asyncio.Event()  # replaced once set: wakes producers blocked (BLOCK)
         self.blocked = 0  # producers waiting for room
-        # Told of paged messages just before they come back into memory (cluster/claims.py
-        # holds their groups unless they are known to be bound to this node).
-        self.before_page_in: Callable[[str, Sequence[Message]], None] | None = None
 
     @property
     def store(self) -> Store:
@@ -475,7 +472,9 @@ class Engine:
             store.give_back_space()
 
     async def _page_loop(self) -> None:
-        """Read paged messages back, oldest first, while their address has room."""
+        """Read paged groups back, oldest first, while their address has room: the groups
+        that can be delivered now (`Queue.wanted`), so a group whose consumer is stuck
+        never holds the others back."""
         core = self.core
         average = PAGE_GUESS_BYTES  # a paged message's footprint, from the last read
         while True:
@@ -484,8 +483,15 @@ class Engine:
             for name in list(core.paging):
                 while name in core.paging:
                     q = core.queue(name)
-                    if q.meter.full:
+                    room = q.meter.room()
+                    each = max(1, min(PAGE_READ, room // average // PAGE_GROUPS))
+                    wanted = q.wanted(PAGE_GROUPS, each)
+                    if not wanted:
                         break
+                    if room <= 0:  # make room: groups that cannot move give theirs back
+                        q.spill(self._unwritten, len(wanted) * average - room)
+                        if q.meter.room() <= 0:
+                            break
                     tail = self._unwritten.get(q.page_last)
                     if tail is not None:  # writes commit in order: then every paged one is on disk
                         try:
@@ -493,24 +499,23 @@ class Engine:
                         except Exception:
                             return  # the node fails
                         continue
-                    after = q.page_after
-                    count = max(1, min(PAGE_READ, q.meter.room() // average))
-                    messages = await asyncio.to_thread(
-                        self.store.read_page, name, after, q.page_last, count
-                    )
-                    if messages:
-                        for m in messages:
-                            m.size = footprint(m)
-                        average = max(1, sum(m.size for m in messages) // len(messages))
-                    if not messages and q.page_after == after and name in core.paging:
-                        log.error("paged messages not in the store", queue=name, paged=q.paged)
-                    if messages and self.before_page_in is not None:
-                        self.before_page_in(name, messages)
-                    try:
-                        fx = core.page_in(name, after, messages, now_ns())
-                    except QueueError as err:  # a bug: say so, and leave the rest paged
-                        log.error("paged messages cannot be read back", queue=name, error=str(err))
-                        break
+                    ids = [msg_ids for _, msg_ids in wanted]
+                    pages = await asyncio.to_thread(self.store.read_ids, name, ids)
+                    read = [m for page in pages for m in page]
+                    for m in read:
+                        m.size = footprint(m)
+                    if read:
+                        average = max(1, sum(m.size for m in read) // len(read))
+                    fx = Effects()
+                    for (group, msg_ids), page in zip(wanted, pages, strict=True):
+                        if len(page) != len(msg_ids):
+                            log.error(
+                                "paged messages not in the store",
+                                queue=name,
+                                group=group,
+                                missing=len(msg_ids) - len(page),
+                            )
+                        fx.merge(core.page_in(name, group, msg_ids, page, now_ns()))
                     self.apply(fx)
 
     async def _tick_loop(self) -> None:
@@ -521,6 +526,8 @@ class Engine:
             self._watch_disk()
             if time.monotonic() >= sweep_at:
                 sweep_at = time.monotonic() + SWEEP_S
+                if self.core.paging:  # a consumer that came, or got credit, may want a page
+                    self._room.set()
                 await self._delete_idle_queues()
 
     async def _delete_idle_queues(self) -> None:

@@ -15,8 +15,9 @@ Invariants kept after every operation (checked by the stateful tests):
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 
 from broker.budget import Meter, footprint
 from broker.config import QueueConfig
@@ -33,16 +34,52 @@ class NoSuchGroup(QueueError):
     """The named group is not in the queue's group table."""
 
 
+class Page:
+    """The msg ids of a group's messages that are on disk only, oldest first: 8 bytes each.
+
+    Reading back takes from the front (`front`, then `drop`); a spill puts older ids back
+    in front (`push_front`).
+    """
+
+    __slots__ = ("ids", "pos")
+
+    def __init__(self) -> None:
+        self.ids = array("q")
+        self.pos = 0  # ids before this were read back
+
+    def __len__(self) -> int:
+        return len(self.ids) - self.pos
+
+    def append(self, msg_id: int) -> None:
+        self.ids.append(msg_id)
+
+    def front(self, n: int) -> list[int]:
+        return self.ids[self.pos : self.pos + n].tolist()
+
+    def drop(self, n: int) -> None:
+        self.pos += n
+        if self.pos > 4096 and self.pos * 2 > len(self.ids):  # amortised O(1) per id
+            del self.ids[: self.pos]
+            self.pos = 0
+
+    def push_front(self, msg_ids: list[int]) -> None:
+        """Older ids (ascending) go before the rest."""
+        self.ids = array("q", msg_ids) + self.ids[self.pos :]
+        self.pos = 0
+
+
 class _Group:
     """Kept small on purpose: one of these lives for every pinned group, idle or not."""
 
     __slots__ = (
-        "detach", "fresh", "held", "key", "last_use_ns", "outstanding", "owner", "pending", "slot",
+        "detach", "fresh", "held", "key", "last_use_ns", "outstanding", "owner", "page",
+        "pending", "slot",
     )  # fmt: skip
 
     def __init__(self, key: str) -> None:
         self.key = key
         self.pending: deque[Message] | None = None  # None while empty: an empty deque is ~600 B
+        self.page: Page | None = None  # its newest messages, on disk only (Queue._page)
         self.owner: _Consumer | None = None
         self.outstanding = 0
         self.last_use_ns = 0
@@ -83,11 +120,11 @@ class Queue:
         self.address = address
         self.settings = settings
         self.meter = meter if meter is not None else Meter()
-        # Paging: persistent messages kept on disk only, every one newer than anything held
-        # in memory; `unpage` takes them back oldest first, so each group keeps its order.
-        self.paged = 0
-        self.page_after = 0  # msg ids above this (and up to page_last) are paged
-        self.page_last = 0
+        # Paging (see `page`): messages on disk only, per group; ungrouped ones apart.
+        self.paged = 0  # in all
+        self.page_last = 0  # msg id of the newest paged message
+        self._ungrouped_page = Page()
+        self._wanting: dict[_Group, None] = {}  # groups with paged messages and none in memory
         self._groups: dict[str, _Group] = {}
         self._consumers: dict[str, _Consumer] = {}
         self._hungry: dict[_Consumer, None] = {}  # consumers with credit (ordered set)
@@ -122,7 +159,7 @@ class Queue:
                 group=g.key,
                 owner=g.owner.id if g.owner else None,
                 owner_name=g.owner.name if g.owner else None,
-                pending=len(g.pending) if g.pending else 0,
+                pending=(len(g.pending) if g.pending else 0) + (len(g.page) if g.page else 0),
                 outstanding=g.outstanding,
                 last_use_ns=g.last_use_ns,
             )
@@ -164,44 +201,155 @@ class Queue:
 
     # ---- operations -------------------------------------------------------------------
 
-    def enqueue(self, message: Message, now_ns: int, fx: Effects) -> None:
+    def enqueue(self, message: Message, now_ns: int, fx: Effects, may_page: bool = False) -> bool:
+        """Queue a message; True if it was paged instead (see `page`): because `may_page`
+        (its address is full under PAGE), or because older messages of its group are."""
         message.group = key = group_key(self.settings, message.headers)
         message.group_seq = _parse_seq(message.headers.get(GROUP_SEQ_HEADER))
-        self._count(message)
-        self._pending += 1
         if key is None:
+            if may_page or self._ungrouped_page:
+                self._page(None, message)
+                return True
+            self._count(message)
+            self._pending += 1
             self._ungrouped.append(message)
         else:
             g = self._groups.get(key)
             if g is None:
                 g = self._groups[key] = _Group(key)
             g.last_use_ns = now_ns
+            if may_page or g.page:
+                self._page(g, message)
+                return True
+            self._count(message)
+            self._pending += 1
             if g.pending is None:
                 g.pending = deque((message,))
                 self._schedule(g)
             else:
                 g.pending.append(message)
         self._pump(now_ns, fx)
+        return False
 
-    def page(self, message: Message) -> None:
-        """Keep a persistent message on disk only, behind the ones already paged.
+    def _page(self, g: _Group | None, m: Message) -> None:
+        """Keep a message on disk only (its store write is the caller's), as persistent.
 
-        Its store write is the caller's; from the first paged message on, every later one
-        must be paged too until `unpage` has taken them all, or it would overtake them.
+        Paging is per group: from a group's first paged message on, every later one of the
+        group is paged too until `unpage` has read them all back, or it would overtake them.
+        A group with paged messages and none in memory waits in `wanted` to be read back.
         """
-        if not self.paged:
-            self.page_after = message.msg_id - 1
+        m.persistent = True
         self.paged += 1
-        self.page_last = message.msg_id
+        self.page_last = m.msg_id
+        if g is None:
+            self._ungrouped_page.append(m.msg_id)
+            return
+        if g.page is None:
+            g.page = Page()
+        g.page.append(m.msg_id)
+        if g.pending is None:
+            self._wanting[g] = None
 
-    def unpage(self, messages: Sequence[Message], now_ns: int, fx: Effects) -> None:
-        """Paged messages read back from the store, oldest first, take their place in memory."""
+    def wanted(self, most: int, each: int) -> list[tuple[str | None, list[int]]]:
+        """Up to `most` groups to read back now, with the msg ids of up to `each` of their
+        oldest paged messages: groups with paged messages and none in memory that could be
+        delivered (an owner with credit, or no owner) or are held (to be moved on); group
+        None: the ungrouped messages, when none waits in memory. Nothing while no consumer
+        has credit."""
+        hungry = self._hungry
+        out: list[tuple[str | None, list[int]]] = []
+        if not hungry:  # nobody could take them (held groups wait for a consumer too)
+            return out
+        if self._ungrouped_page and not self._ungrouped:
+            out.append((None, self._ungrouped_page.front(each)))
+        for g in self._wanting:
+            if len(out) >= most:
+                break
+            if g.held or g.owner is None or g.owner in hungry:
+                out.append((g.key, g.page.front(each)))  # type: ignore[union-attr]
+        return out
+
+    def spill(self, writing: Container[int], wanted_bytes: int) -> list[Message]:
+        """Page again the newest waiting messages of groups that cannot move now (their owner
+        has no credit), until `wanted_bytes` are freed; returns them.
+
+        Memory then goes to groups that can be delivered (`wanted`) instead of waiting behind
+        a stuck consumer's backlog. Only messages already on disk (not in `writing`, the msg
+        ids whose store write is not committed yet), persistent and never delivered go: the
+        store holds them exactly as they are.
+        """
+        freed = 0
+        out: list[Message] = []
+        hungry = self._hungry
+        for c in self._consumers.values():
+            if c in hungry:
+                continue
+            for g in c.groups:
+                pending = g.pending
+                if g.held or not pending:
+                    continue
+                spilled = 0
+                while pending and freed < wanted_bytes:
+                    m = pending[-1]
+                    if not m.persistent or m.delivery_count or m.msg_id in writing:
+                        break
+                    pending.pop()
+                    self._uncount(m)
+                    out.append(m)
+                    freed += m.size
+                    spilled += 1
+                if spilled:
+                    self._pending -= spilled
+                    self.paged += spilled
+                    if g.page is None:
+                        g.page = Page()
+                    g.page.push_front([x.msg_id for x in reversed(out[-spilled:])])
+                    if not pending:
+                        g.pending = None
+                        self._wanting[g] = None
+                if freed >= wanted_bytes:
+                    return out
+        return out
+
+    def unpage(
+        self,
+        group: str | None,
+        msg_ids: Sequence[int],
+        messages: Sequence[Message],
+        now_ns: int,
+        fx: Effects,
+    ) -> bool:
+        """Paged messages read back from the store (`msg_ids`, from `wanted`; `messages`,
+        those of them found, oldest first) join their group in memory. False (nothing done)
+        if the group's page no longer starts with `msg_ids`: another read or a deletion won."""
+        g = self._groups.get(group) if group is not None else None
+        page = self._ungrouped_page if group is None else (g.page if g is not None else None)
+        if not page or page.front(len(msg_ids)) != list(msg_ids):
+            return False
+        page.drop(len(msg_ids))
+        self.paged -= len(msg_ids)
+        if g is not None:
+            if not page:
+                g.page = None
+            self._wanting.pop(g, None)
         for m in messages:
-            if not (self.page_after < m.msg_id <= self.page_last) or not self.paged:
-                raise QueueError(f"message {m.msg_id} is not next in the page of {self.name!r}")
-            self.page_after = m.msg_id
-            self.paged -= 1
-            self.enqueue(m, now_ns, fx)
+            m.group, m.group_seq = group, _parse_seq(m.headers.get(GROUP_SEQ_HEADER))
+            self._count(m)
+            self._pending += 1
+            if g is None:
+                self._ungrouped.append(m)
+            elif g.pending is None:
+                g.pending = deque((m,))
+                self._schedule(g)
+            else:
+                g.pending.append(m)
+        if g is not None and g.pending is None:
+            if g.page:
+                self._wanting[g] = None
+            else:
+                self._drop_if_idle(g)
+        self._pump(now_ns, fx)
+        return True
 
     def subscribe(
         self, consumer_id: str, name: str, prefetch: int, now_ns: int, fx: Effects
@@ -334,8 +482,8 @@ class Queue:
         g.held = False
         if g.pending is not None:
             self._schedule(g)
-        elif g.outstanding == 0 and g.owner is None:
-            del self._groups[group]
+        else:
+            self._drop_if_idle(g)
         self._pump(now_ns, fx)
 
     def held_waiting(self, group: str) -> bool:
@@ -358,7 +506,9 @@ class Queue:
         for m in taken:
             self._uncount(m)
         fx.removed += taken
-        if g.outstanding == 0:
+        if g.page:  # read back, held, to follow the rest
+            self._wanting[g] = None
+        elif g.outstanding == 0:
             if g.owner is not None:
                 g.owner.groups.discard(g)
             del self._groups[group]
@@ -480,6 +630,8 @@ class Queue:
         m = pending.popleft()
         if not pending:
             g.pending = None
+            if g.page:
+                self._wanting[g] = None
         self._pending -= 1
         self._deliver(c, g, m, now_ns, fx)
         if g.pending is not None and not g.detach:
@@ -610,7 +762,7 @@ class Queue:
         g.fresh = False
         if g.pending is not None:
             self._push(self._unowned, g, None)
-        elif g.outstanding == 0:
+        elif g.outstanding == 0 and not g.page:
             del self._groups[g.key]
 
     def _rebalance(self) -> None:
@@ -643,6 +795,12 @@ class Queue:
     def forget(self) -> None:
         """The queue is deleted: what it held no longer counts."""
         self.meter.add(-self.bytes)
+
+    def _drop_if_idle(self, g: _Group) -> None:
+        """Forget a group that holds nothing and belongs to no one."""
+        if not (g.pending or g.page or g.outstanding or g.held or g.owner is not None):
+            self._wanting.pop(g, None)
+            del self._groups[g.key]
 
     def _consumer(self, consumer_id: str) -> _Consumer:
         c = self._consumers.get(consumer_id)

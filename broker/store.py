@@ -71,8 +71,8 @@ from broker.store_sql import (
     SAVE_QUEUE,
     SCHEMA,
     SCHEMA_VERSION,
+    SELECT_BY_IDS,
     SELECT_MESSAGES,
-    SELECT_PAGE,
     UPSERT_MARK,
     Key,
     Row,
@@ -90,6 +90,7 @@ VACUUM_STEP_PAGES = 1024  # ~10-20 ms of work: the most a new write waits behind
 JOURNAL_SIZE_LIMIT = 16 * 1024 * 1024
 CACHE_KIB = 16 * 1024
 BUSY_TIMEOUT_MS = 5000
+IDS_PER_SELECT = 500  # msg ids bound in one SELECT (SQLite allows 32766 variables)
 FULL_RETRY_S = 0.2  # how often a write that found the disk full tries again
 
 # Request kinds handled by the writer thread.
@@ -213,11 +214,19 @@ class Store:
         with self._reader() as conn:
             yield from _decode(conn.execute(SELECT_MESSAGES))
 
-    def read_page(self, queue: str, after: int, upto: int, limit: int) -> list[Message]:
-        """Up to `limit` stored messages of `queue` with `after` < msg_id <= `upto`, oldest
-        first: the paged part of a queue, read back as room frees (any thread)."""
+    def read_ids(self, queue: str, wanted: Sequence[Sequence[int]]) -> list[list[Message]]:
+        """Per list of msg ids: those stored messages of `queue`, oldest first (paged
+        messages read back as room frees; any thread, one connection for the lot)."""
+        pages: list[list[Message]] = []
         with self._reader() as conn:
-            return list(_decode(conn.execute(SELECT_PAGE, (after, upto, queue, limit))))
+            for ids in wanted:
+                page: list[Message] = []
+                for i in range(0, len(ids), IDS_PER_SELECT):
+                    chunk = ids[i : i + IDS_PER_SELECT]
+                    sql = f"{SELECT_BY_IDS}({','.join('?' * len(chunk))}) ORDER BY msg_id"
+                    page += _decode(conn.execute(sql, (queue, *chunk)))
+                pages.append(page)
+        return pages
 
     def load_marks(self) -> dict[str, int]:
         """Per forwarding origin, the highest sequence stored here (see `write(marks=...)`)."""

@@ -60,9 +60,9 @@ SELECT_MESSAGES = (
     "SELECT msg_id, queue, address, headers, delivery_count, grp, group_seq, enqueued_ns, body"
     " FROM messages ORDER BY msg_id, queue"
 )
-SELECT_PAGE = (
+SELECT_BY_IDS = (  # + "(?, ?, ...)": the ids, then ORDER BY
     "SELECT msg_id, queue, address, headers, delivery_count, grp, group_seq, enqueued_ns, body"
-    " FROM messages WHERE msg_id > ? AND msg_id <= ? AND queue = ? ORDER BY msg_id LIMIT ?"
+    " FROM messages WHERE queue = ? AND msg_id IN "
 )
 
 COUNT = 4  # index of delivery_count in a message row

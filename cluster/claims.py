@@ -14,9 +14,9 @@ is bound, proposing this node, where the messages are:
   message still at a consumer here moves once it comes back (released, or its consumer gone).
 
 A node holds: every group restored from its store when it starts (before any consumer can
-subscribe), a group whose binding to this node was removed, a group of a forwarded message
-whose binding this node does not know or knows to be elsewhere, and such a group of paged
-messages read back into memory. Messages of a group
+subscribe; paged groups too), a group whose binding to this node was removed, and a group of
+a forwarded message whose binding this node does not know or knows to be elsewhere. A held
+group's paged messages are read back, held, and move with it. Messages of a group
 bound here are enqueued at once. Until the handler answers (the LOCAL node unreachable), held
 groups wait, in order; other groups flow.
 """
@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Sequence
 
 from broker import logs
 from broker.clock import now_ns
@@ -34,7 +33,6 @@ from broker.config import GroupingHandlerSection, QueueConfig
 from broker.core import CoreError
 from broker.effects import Effects
 from broker.grouping import group_key
-from broker.message import Message
 from broker.queue import Queue
 from cluster.bridge import SF_PREFIX
 from cluster.local import LocalNode
@@ -133,21 +131,6 @@ class GroupClaims:
         if q is None and msg_id is not None:  # a queue created just now has no consumer yet
             self._hold(queue, key)
         return msg_id, fx
-
-    def paging_in(self, queue: str, messages: Sequence[Message]) -> None:
-        """Paged messages come back into memory (`Engine.before_page_in`): a group the queue
-        does not hold now is held unless known bound here, as a forwarded message's is. Its
-        binding may have moved while its messages were on disk, even while the node was down."""
-        q = self._queue(queue)
-        if q is None or not self._governs(q.name, q.address, q.settings):
-            return
-        keys = {group_key(q.settings, m.headers) for m in messages}
-        for key in keys:
-            if key is None or q.has_group(key):
-                continue
-            binding = self.handler.cached(key, queue)
-            if binding is None or binding.node != self.node_id:
-                self._hold(queue, key)
 
     def _hold(self, queue: str, group: str) -> None:
         self.core.hold_group(queue, group)

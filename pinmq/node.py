@@ -171,7 +171,6 @@ class Node:
         if self.handler is not None and grouping is not None:
             self.claims = GroupClaims(engine, cluster, self.handler, grouping)
             cluster.admission = self.claims
-            engine.before_page_in = self.claims.paging_in
             self.claims.hold_restored()  # before any consumer can subscribe
         engine.observers.append(_ClusterObserver(self))
 

@@ -242,3 +242,32 @@ async def test_deleting_a_paging_queue_removes_its_paged_messages_too(node: Node
     node.start()
     async with Client(node.url) as client:
         assert queue not in {q.name for q in await client.queues()}
+
+
+async def test_a_stuck_consumer_does_not_hold_back_other_groups_paged_messages(
+    node: NodeProcess,
+) -> None:
+    """One consumer takes a group and never acks; its backlog fills the address's budget and
+    the rest pages. Another group, paged behind it, still reaches a second consumer in full
+    and in order: memory goes to the groups that can move."""
+    queue = f"page.{uuid.uuid4().hex[:8]}"
+    async with Client(node.url) as client:
+        await client.create_queue(queue)
+        stuck = client.consumer(queue, name="stuck", prefetch=1)
+        await stuck.start()
+        items = [
+            (b"s" * 1024, {GROUP_ID_HEADER: "stuck", GROUP_SEQ_HEADER: str(i + 1)})
+            for i in range(150)
+        ]
+        items += [
+            (b"f" * 1024, {GROUP_ID_HEADER: "free", GROUP_SEQ_HEADER: str(i + 1)})
+            for i in range(100)
+        ]
+        await client.producer(queue).send_many(items, batch_size=50)
+        first = await stuck.receive(timeout=10)
+        assert first is not None and first.group_id == "stuck"  # and never acked
+        assert resources(node)["paged_messages"] > 100
+        seen = await drain(client, queue, 100)
+        assert seen == {"free": list(range(1, 101))}
+        assert resources(node)["memory_bytes"] <= PAGE_BUDGET + 2048 * 10
+        await stuck.close()

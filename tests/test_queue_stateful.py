@@ -50,8 +50,8 @@ class QueueMachine(RuleBasedStateMachine):
         self.settled: set[int] = set()  # acked or dead
         self.sent = 0
         self.deliveries_seen = 0
-        self.paging = False  # sends go to the page (the core's choice when the address is full)
-        self.disk: list[Message] = []  # paged messages, oldest first, as the store holds them
+        self.paging = False  # sends may be paged (the core's choice when the address is full)
+        self.disk: dict[str | None, list[Message]] = defaultdict(list)  # paged, per group
 
     # ---- steps --------------------------------------------------------------------------
 
@@ -94,24 +94,39 @@ class QueueMachine(RuleBasedStateMachine):
         self.sent += 1
         fx = Effects()
         m = Message(msg_id, "q", "q", b"", headers, persistent=True)
-        if self.paging or self.q.paged:  # once paging, every later message joins the page
-            self.q.page(m)
-            self.disk.append(m)
+        paged_before = self.disk[key] != []
+        if self.q.enqueue(m, self.now, fx, may_page=self.paging):
+            self.disk[key].append(m)
         else:
-            self.q.enqueue(m, self.now, fx)
+            assert not paged_before, f"a message of {key} overtook its group's paged ones"
         self._apply(fx)
 
     @rule(on=st.booleans())
     def address_full(self, on: bool) -> None:
         self.paging = on
 
-    @precondition(lambda self: self.disk)
-    @rule(n=st.integers(min_value=1, max_value=4))
-    def page_in(self, n: int) -> None:
-        """Room came back: the oldest paged messages are read back into memory."""
-        taken, self.disk = self.disk[:n], self.disk[n:]
+    @rule(data=st.data(), n=st.integers(min_value=1, max_value=4))
+    def page_in(self, data: st.DataObject, n: int) -> None:
+        """Room came back: a group the queue wants read back gets its oldest paged ones."""
+        wanted = self.q.wanted(10, n)
+        if wanted:
+            self._read_back(*data.draw(st.sampled_from(wanted)))
+
+    @rule(n=st.integers(min_value=1, max_value=3))
+    def spill(self, n: int) -> None:
+        """Memory is wanted elsewhere: groups whose owner has no credit page their newest."""
+        for m in self.q.spill(writing=(), wanted_bytes=n * 200):
+            assert self.key_of[m.msg_id] == m.group and m.msg_id not in self.settled
+            page = self.disk[m.group]
+            page.append(m)
+            page.sort(key=lambda x: x.msg_id)
+
+    def _read_back(self, group: str | None, msg_ids: list[int]) -> None:
+        page = self.disk[group]
+        assert msg_ids == [m.msg_id for m in page[: len(msg_ids)]], "not the group's oldest"
+        taken, self.disk[group] = page[: len(msg_ids)], page[len(msg_ids) :]
         fx = Effects()
-        self.q.unpage(taken, self.now, fx)
+        assert self.q.unpage(group, msg_ids, taken, self.now, fx)
         self._apply(fx)
 
     @rule(consumer=st.sampled_from(CONSUMERS), prefetch=st.integers(min_value=1, max_value=4))
@@ -228,7 +243,7 @@ class QueueMachine(RuleBasedStateMachine):
             assert {d: m.msg_id for d, m in self.q.unacked(consumer)} == held
             assert len(held) <= self.prefetch[consumer]
         assert self.q.depth == self.sent - len(self.settled)
-        assert self.q.paged == len(self.disk)
+        assert self.q.paged == sum(map(len, self.disk.values()))
         in_memory = self.q.held()  # what the meter counts: paged messages are not in it
         assert self.q.bytes == self.q.meter.bytes == sum(m.size for m in in_memory)
         assert all(m.size > 0 for m in in_memory)
@@ -256,8 +271,8 @@ class QueueMachine(RuleBasedStateMachine):
             return
         assert not self.q._ungrouped, "ungrouped messages wait while a consumer has credit"
         for info in self.q.groups():
-            if info.pending == 0:
-                continue
+            if self.q._groups[info.group].pending is None:
+                continue  # nothing in memory (paged ones wait to be read back)
             if self.q._groups[info.group].held:
                 continue  # waits for its binding to be confirmed, on purpose
             if info.owner is None:
@@ -287,8 +302,8 @@ class QueueMachine(RuleBasedStateMachine):
         self.q.subscribe("helper", "helper", 1, self.now, fx)  # consumers-before-dispatch: 2
         self._apply(fx)
         for _ in range(200):
-            if self.disk:
-                self.page_in(10)
+            for group, msg_ids in self.q.wanted(100, 10):
+                self._read_back(group, msg_ids)
             if self.q.depth == 0:
                 break
             for consumer in ("drain", "helper"):
