@@ -284,7 +284,7 @@ class Queue:
         for c in self._consumers.values():
             if c in hungry:
                 continue
-            for g in c.groups:
+            for g in sorted(c.groups, key=_key):  # sets iterate by address: deterministic
                 pending = g.pending
                 if g.held or not pending:
                     continue
