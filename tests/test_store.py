@@ -223,6 +223,34 @@ async def test_failed_write_rejects_its_batch_and_later_writes_work(tmp_path: Pa
     await s.close()
 
 
+async def test_a_write_that_finds_no_room_frees_the_reserve_then_waits_until_close(
+    tmp_path: Path,
+) -> None:
+    """With `on_full` a write that does not fit is not failed: the reserve goes first, then
+    the write waits for space; only closing the store gives up on it."""
+    reserve = ["held"]
+
+    def on_full() -> bool:
+        freed = bool(reserve)
+        reserve.clear()
+        return freed
+
+    s = Store.open(tmp_path / "store.db", max_bytes=256 * KIB, on_full=on_full)
+    await s.write(added=[msg(1)])
+    big = asyncio.create_task(s.write(added=[msg(2, body=b"x" * (1024 * KIB))]))
+    for _ in range(200):
+        if s.waiting_for_space:
+            break
+        await asyncio.sleep(0.01)
+    assert s.waiting_for_space and reserve == [] and not big.done()
+    await s.close()
+    with pytest.raises(StoreError, match="write failed"):
+        await big
+    reopened = Store.open(tmp_path / "store.db")
+    assert [m.msg_id for m in reopened.load_messages()] == [1]
+    await reopened.close()
+
+
 async def test_cancelling_the_waiter_does_not_cancel_the_write(store: Store) -> None:
     with writer_blocked(store.path):
         task = asyncio.create_task(store.write(added=[msg(1)]))
