@@ -25,10 +25,9 @@ class Usage:
     used: int
     free: int
 
-    def percent(self, pending: int = 0) -> float:
-        """Percent in use once `pending` more bytes are written."""
+    def percent(self) -> float:
         total = self.used + self.free
-        return 100.0 * (self.used + pending) / total if total else 100.0
+        return 100.0 * self.used / total if total else 100.0
 
 
 def usage(directory: Path) -> Usage:

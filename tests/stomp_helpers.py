@@ -247,6 +247,12 @@ class Raw:
     def close(self) -> None:
         self.sock.close()
 
+    def __enter__(self) -> Raw:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
 
 @pytest.fixture
 def raw(snode: StompNode) -> Iterator[Callable[..., Raw]]:
@@ -264,8 +270,5 @@ def raw(snode: StompNode) -> Iterator[Callable[..., Raw]]:
 
 def assert_serving(port: int) -> None:
     """A fresh connection still gets CONNECTED: the node survived whatever came before."""
-    r = Raw(port)
-    try:
+    with Raw(port) as r:
         r.connect()
-    finally:
-        r.close()

@@ -69,15 +69,12 @@ async def test_fail_refuses_past_max_size_bytes_and_takes_sends_again_once_drain
                 await producer.send(b"x" * 1024)
                 sent += 1
         assert 10 < sent < BUDGET // 1024  # each counts for its body, headers and overhead
-        raw = Raw(node.stomp_port)
-        try:
+        with Raw(node.stomp_port) as raw:
             raw.connect()
             frame = {"destination": f"/queue/{queue}", "receipt": "r1"}
             raw.send(encode_frame("SEND", frame, b"y", version="1.2"))
             error = raw.frame()
             assert error.command == "ERROR" and "max-size-bytes" in error.headers["message"]
-        finally:
-            raw.close()
         assert (await client.queues())[0].depth == sent  # nothing refused got in
         seen = await drain(client, queue, sent)
         assert seen["g"] == sorted(seen["g"]) and len(seen["g"]) == sent
@@ -183,8 +180,7 @@ async def test_stomp_transactions_and_partial_frames_count_against_global_max_si
         async with Client(node.url) as client:
             await client.create_queue("tx")
             producer = client.producer("tx")
-            raw = Raw(node.stomp_port)
-            try:
+            with Raw(node.stomp_port) as raw:
                 raw.connect()
                 raw.send(encode_frame("BEGIN", {"transaction": "t1"}, b"", version="1.2"))
                 for n in range(9):  # 540 KiB: each is admitted while the node holds less
@@ -199,11 +195,9 @@ async def test_stomp_transactions_and_partial_frames_count_against_global_max_si
                 assert raw.frame().command == "RECEIPT"
                 assert resources(node)["memory_bytes"] < 1024
                 await producer.send(b"room again")
-            finally:
-                raw.close()
 
-            partial = Raw(node.stomp_port)
-            try:
+            # The node sees this close only once the paused read's frame deadline passes.
+            with Raw(node.stomp_port) as partial:
                 partial.connect()
                 head = b"SEND\ndestination:/queue/tx\ncontent-length:3145728\n\n"
                 partial.sock.settimeout(2)
@@ -218,8 +212,6 @@ async def test_stomp_transactions_and_partial_frames_count_against_global_max_si
                 assert budget < held["memory_bytes"] <= budget + 256 * 1024 + 4096
                 with pytest.raises(Full):
                     await producer.send(b"x")
-            finally:
-                partial.close()  # seen once the paused read's frame deadline passes
             for _ in range(100):
                 if resources(node)["memory_bytes"] < budget:
                     break

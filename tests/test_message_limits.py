@@ -47,8 +47,7 @@ async def test_max_message_size_counts_body_and_headers_on_grpc_and_stomp(
         with pytest.raises(InvalidArgument, match=r"message of 65537 bytes \(body and headers\)"):
             await producer.send(b"b" * (LIMIT - 99), headers)
         stomp_port = node.stomp_port
-        r = Raw(stomp_port)
-        try:
+        with Raw(stomp_port) as r:
             r.connect()
             frame = {"destination": f"/queue/{queue}", "receipt": "r", **headers}
             r.send(encode_frame("SEND", frame, b"b" * (LIMIT - 100), version="1.2"))
@@ -57,8 +56,6 @@ async def test_max_message_size_counts_body_and_headers_on_grpc_and_stomp(
             error = r.frame()
             assert error.command == "ERROR"
             assert "message of 65537 bytes (body and headers)" in error.headers["message"]
-        finally:
-            r.close()
         [info] = [q for q in await client.queues() if q.name == queue]
         assert info.depth == 2
 
@@ -73,8 +70,7 @@ async def test_a_batch_or_transaction_over_max_batch_messages_is_refused_whole(
         await producer.send_batch([b"m"] * 10)
         with pytest.raises(InvalidArgument, match=r"a batch of 11 messages: more than limits"):
             await producer.send_batch([b"m"] * 11)
-        r = Raw(node.stomp_port)
-        try:
+        with Raw(node.stomp_port) as r:
             r.connect()
             frames = [encode_frame("BEGIN", {"transaction": "t"}, b"", version="1.2")]
             for _ in range(11):
@@ -86,8 +82,6 @@ async def test_a_batch_or_transaction_over_max_batch_messages_is_refused_whole(
             assert (
                 "holds 10 frames, the limit (limits.max-batch-messages)" in error.headers["message"]
             )
-        finally:
-            r.close()
         [info] = [q for q in await client.queues() if q.name == queue]
         assert info.depth == 10
 
