@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up down standalone test prerequisites lint proto bench clean
+.PHONY: up down standalone test prerequisites lint proto bench sim clean
 
 $(STAMP): pyproject.toml
 	@$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || \
@@ -46,6 +46,12 @@ bench: $(STAMP)
 	$(BIN)/python bench/core_dispatch.py
 	$(BIN)/python bench/group_memory.py
 	$(BIN)/python bench/end_to_end.py
+
+# The failover simulation over more seeds than `make test` runs (10,000): SEEDS=N START=S.
+SEEDS ?= 100000
+START ?= 10000
+sim: $(STAMP)
+	$(BIN)/python tests/failover_sim.py --seeds $(SEEDS) --start $(START)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
