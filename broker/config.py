@@ -230,6 +230,16 @@ class LimitsSection(Strict):
     # Kept allocated in the data dir and given up when the disk is full, so that acks,
     # removals and the store's checkpoints still have room (capped at 5% of the volume).
     disk_reserve: Annotated[int, BeforeValidator(_size), Field(ge=0)] = 16 * 1024 * 1024
+    # Duplicate detection (`_AMQ_DUPL_ID`, broker/duplicates.py): the most recent ids each
+    # address remembers, in memory and (those of persistent messages) in the store; 0: off.
+    id_cache_size: int = 20_000
+
+    @field_validator("id_cache_size")
+    @classmethod
+    def _id_cache_size(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError("a number of ids per address, 0 (duplicate detection off) or more")
+        return value
 
 
 class StompSection(Strict):

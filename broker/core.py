@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 from broker.budget import Budget, Refusal
 from broker.config import NodeConfig, QueueConfig
+from broker.duplicates import Change, IdCache
 from broker.effects import Effects
 from broker.grouping import group_key
-from broker.message import Message
+from broker.message import DUPLICATE_ID_HEADER, Message
 from broker.queue import NoSuchGroup, Queue, QueueError
 from broker.validation import InvalidInput, check_name
 
@@ -64,6 +65,14 @@ class AddressFull(CoreError):
         self.block = refusal.block
 
 
+class ClientMessage(Protocol):
+    """A client's message as duplicate detection reads it (`broker/sending.py`'s Outgoing)."""
+
+    address: str
+    headers: dict[str, str]
+    persistent: bool
+
+
 @dataclass(slots=True)
 class _Address:
     name: str
@@ -84,6 +93,8 @@ class BrokerCore:
         self._next_id = 1
         self.budget = Budget(config)
         self.paging: set[str] = set()  # queues with paged messages
+        self.ids = IdCache(config.limits.id_cache_size)  # duplicate detection, per address
+        self.duplicates_dropped = 0  # a client's messages dropped as duplicates, since start
         for name, address in config.addresses.items():
             self._address(name, address.routing_type)
             for queue_name, settings in address.queues.items():
@@ -227,6 +238,34 @@ class BrokerCore:
         self._place(q, m, now_ns, fx)
         self._dead_letter(now_ns, fx)
         return msg_id, fx
+
+    # ---- duplicate detection (`_AMQ_DUPL_ID`, broker/duplicates.py) ---------------------------
+
+    def duplicates(self, batch: Sequence[ClientMessage]) -> list[bool]:
+        """Which messages of a client's batch to drop: their id was accepted on their address
+        lately, or an earlier message of the batch carries it. Changes nothing."""
+        return self.ids.screen([(m.address, m.headers.get(DUPLICATE_ID_HEADER)) for m in batch])
+
+    def accepted(self, m: ClientMessage, msg_id: int, fx: Effects) -> None:
+        """A client's message was routed (`msg_id`: its first copy's): its id, if it has one,
+        is remembered, and for a persistent message stored with it (`fx.duplicate_ids`)."""
+        dup_id = m.headers.get(DUPLICATE_ID_HEADER)
+        if dup_id:
+            fx.duplicate_ids += self.ids.add(m.address, dup_id, msg_id, m.persistent)
+
+    def dropped(self, m: ClientMessage, fx: Effects) -> int:
+        """A duplicate dropped (counted, reported in `fx.duplicates`): the msg id the sender
+        is given, the original's while the cache holds it, else 0."""
+        dup_id = m.headers.get(DUPLICATE_ID_HEADER, "")
+        original = self.ids.original(m.address, dup_id) or 0
+        self.duplicates_dropped += 1
+        fx.duplicates.append((m.address, dup_id, original))
+        return original
+
+    def restore_ids(self, entries: Iterable[tuple[str, str, int]]) -> list[Change]:
+        """Stored ids (address, id, msg id), oldest first; returns the forgetting of those that
+        no longer fit `limits.id-cache-size`, for the store."""
+        return self.ids.load(entries)
 
     def exists(self, name: str) -> bool:
         """A queue or an address of that name exists (a dict lookup each, whatever the count)."""

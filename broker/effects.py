@@ -57,6 +57,11 @@ class Effects:
     dropped: list[tuple[Message, str]] = field(default_factory=list)
     # queues that began paging (True) or read their whole page back (False): logged
     paging: list[tuple[str, bool]] = field(default_factory=list)
+    # duplicate detection (broker/duplicates.py), in order: ids the store keeps (address, id,
+    # msg id) or forgets (msg id None), written in the transaction of the messages
+    duplicate_ids: list[tuple[str, str, int | None]] = field(default_factory=list)
+    # a client's messages dropped as duplicates: (address, id, the original's msg id or 0)
+    duplicates: list[tuple[str, str, int]] = field(default_factory=list)
 
     def merge(self, other: Effects) -> None:
         """Fold a later operation's effects in, so several operations cost one store write."""
@@ -69,3 +74,5 @@ class Effects:
         self.stalled += other.stalled
         self.dropped += other.dropped
         self.paging += other.paging
+        self.duplicate_ids += other.duplicate_ids
+        self.duplicates += other.duplicates

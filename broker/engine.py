@@ -153,8 +153,11 @@ class Engine:
                 auto = bool(settings.pop(AUTO_CREATED, False))
                 self.core.restore_queue(address, name, QueueConfig.model_validate(settings), auto)
             restored, orphans = self.core.restore_messages(store.messages(), store.max_msg_id() + 1)
+            forget = self.core.restore_ids(store.load_ids())
         except (StoreError, OSError, ValidationError) as err:
             raise StartupError(f"cannot open store {self.store_path}: {err}") from None
+        if forget:  # limits.id-cache-size was lowered: the table shrinks to what the cache holds
+            self._watch(store.write(ids=forget))
         self._watch_disk()
         return restored, orphans
 
@@ -214,6 +217,10 @@ class Engine:
             )
         for m, why in fx.dropped:
             log.warning("dead message dropped", queue=m.queue, msg_id=m.msg_id, reason=why)
+        for address, dup_id, original in fx.duplicates:
+            log.debug(
+                "duplicate dropped", address=address, duplicate_id=dup_id, original_msg_id=original
+            )
         for queue, started in fx.paging:
             if started:
                 log.warning(
@@ -237,8 +244,9 @@ class Engine:
         removed = [m for m in fx.removed if m.persistent]
         updated = [m for m in fx.updated if m.persistent]
         counted = self._counted(fx.deliveries)
+        ids = fx.duplicate_ids
         write = None
-        if added or removed or updated or marks or counted:
+        if added or removed or updated or marks or counted or ids:
             write = self._watch(
                 self.store.write(
                     added=added,
@@ -246,10 +254,13 @@ class Engine:
                     updated=updated,
                     marks=marks or {},
                     delivered=counted,
+                    ids=ids,
                 )
             )
             if added:
                 self._track(added, write)
+        if fx.duplicates:
+            write = self._with_originals(fx.duplicates, write)
         if not fx.deliveries and receipt is None:
             return write
         # A delivery waits for the write that adds its own message (from any earlier send), and
@@ -268,6 +279,19 @@ class Engine:
             self._backlog.append(_Step(gates, fx.deliveries, receipt))
             self._backlog_ready.set()
         return write
+
+    def _with_originals(
+        self, duplicates: Sequence[tuple[str, str, int]], write: asyncio.Future[None] | None
+    ) -> asyncio.Future[None] | None:
+        """`write`, and the writes of the dropped duplicates' originals still under way: a
+        duplicate is confirmed only once the message it stands for is on disk."""
+        unwritten = self._unwritten
+        gates = {unwritten.get(original) for _, _, original in duplicates} if unwritten else set()
+        gates.add(write)
+        pending = [f for f in gates if f is not None and not f.done()]
+        if len(pending) <= 1:
+            return pending[0] if pending else write
+        return asyncio.ensure_future(_all(pending))
 
     def _counted(self, deliveries: Sequence[Delivery]) -> list[Message]:
         """The delivered messages whose count is stored before they go out
@@ -424,6 +448,8 @@ class Engine:
             "disk_full": budget.disk_full,
             "disk_reserve_held": self.reserve.held,
             "store_waits_for_space": store is not None and store.waiting_for_space,
+            "duplicate_ids": len(core.ids),
+            "duplicates_dropped": core.duplicates_dropped,
         }
 
     def _wake_blocked(self) -> None:
@@ -570,3 +596,9 @@ class Engine:
         """A consumer subscribed to or left `queue` (the shells call this)."""
         for observer in self.observers:
             observer.consumers_changed(queue)
+
+
+async def _all(writes: Sequence[asyncio.Future[None]]) -> None:
+    """Wait for every write; the first failure is raised (the node fails with it anyway)."""
+    for write in writes:
+        await write

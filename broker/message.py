@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 GROUP_ID_HEADER = "JMSXGroupID"
 ALT_GROUP_ID_HEADER = "_AMQ_GROUP_ID"
 GROUP_SEQ_HEADER = "JMSXGroupSeq"
+# Artemis duplicate detection: a message whose id its address accepted lately is dropped.
+DUPLICATE_ID_HEADER = "_AMQ_DUPL_ID"
 
 
 @dataclass(slots=True)

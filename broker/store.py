@@ -72,10 +72,13 @@ from broker.store_sql import (
     SCHEMA,
     SCHEMA_VERSION,
     SELECT_BY_IDS,
+    SELECT_IDS,
     SELECT_MESSAGES,
     UPSERT_MARK,
+    IdKey,
     Key,
     Row,
+    apply_ids,
     apply_net,
     dumps,
     rows,
@@ -102,7 +105,7 @@ class StoreError(Exception):
 
 
 class Store:
-    """Persistent messages and queue definitions of one node, in one SQLite file.
+    """Persistent messages, queue definitions and duplicate ids of one node, in one SQLite file.
 
     Build with `Store.open(path)`. The sync `load_*` / `max_msg_id` calls are for start-up;
     the async calls are durable when they resolve. Cancelling a waiting `write()` does not
@@ -233,6 +236,11 @@ class Store:
         with self._reader() as conn:
             return dict(conn.execute("SELECT origin, seq FROM marks"))
 
+    def load_ids(self) -> list[tuple[str, str, int]]:
+        """(address, duplicate id, msg id) of every stored duplicate-detection id, oldest first."""
+        with self._reader() as conn:
+            return list(conn.execute(SELECT_IDS))
+
     def store_id(self) -> int:
         """A random number fixed when the store file was created: this store's identity."""
         with self._reader() as conn:
@@ -264,6 +272,7 @@ class Store:
         updated: Sequence[Message] = (),
         marks: Mapping[str, int] = _NO_MARKS,
         delivered: Sequence[Message] = (),
+        ids: Sequence[tuple[str, str, int | None]] = (),
     ) -> None:
         """Store, remove and update (delivery count of) persistent messages, durably.
 
@@ -275,16 +284,17 @@ class Store:
         once. Resolves after the transaction holding this call is committed and fsynced.
         `marks` raises forwarding high-water marks (origin -> seq, never lowered) in the same
         transaction as the messages, so a forwarded message and the fact that it arrived are
-        durable together or not at all.
+        durable together or not at all. `ids` keep (address, duplicate id, msg id) or forget
+        (msg id None) duplicate-detection ids, in order, in the same transaction too.
         """
         adds = rows(added)
         dels = [(m.msg_id, m.queue) for m in removed if m.persistent]
         upds = [(m.delivery_count, m.msg_id, m.queue) for m in updated if m.persistent]
         upds += [(m.delivery_count + 1, m.msg_id, m.queue) for m in delivered if m.persistent]
         ups = list(marks.items())
-        size = len(adds) + len(dels) + len(upds) + len(ups)
+        size = len(adds) + len(dels) + len(upds) + len(ups) + len(ids)
         if size:
-            await self._submit(Request(_WRITE, (adds, dels, upds, ups), size))
+            await self._submit(Request(_WRITE, (adds, dels, upds, ups, list(ids)), size))
 
     async def save_queue(self, address: str, queue: str, settings: dict) -> None:
         """Create or replace a queue definition (JSON-serialisable settings), durably."""
@@ -317,7 +327,7 @@ class Store:
         if self._thread is None or self._closed:
             return
         self._compaction_wanted = True
-        self._requests.put(Request(_WRITE, ([], [], [], []), 0))  # wakes the writer; no waiter
+        self._requests.put(Request(_WRITE, ([], [], [], [], []), 0))  # wakes the writer; no waiter
 
     def disk_bytes(self) -> int:
         """Bytes on disk: database file plus WAL file."""
@@ -401,13 +411,17 @@ class Store:
         max_id = self._max_id
         deleted = 0
         net: dict[Key, Row | int | None] = {}  # row: upsert, int: new count, None: delete
+        id_net: dict[IdKey, int | None] = {}  # msg id: keep (newest last), None: forget
         conn.execute("BEGIN IMMEDIATE")
         try:
             for request in batch:
                 if request.kind == _WRITE:
-                    adds, dels, upds, ups = request.payload
+                    adds, dels, upds, ups, ids = request.payload
                     if ups:
                         conn.executemany(UPSERT_MARK, ups)
+                    for address, dup_id, msg_id in ids:
+                        id_net.pop((address, dup_id), None)  # re-inserted: in order again
+                        id_net[(address, dup_id)] = msg_id
                     for row in adds:
                         net[(row[0], row[1])] = row
                         max_id = max(max_id, row[0])
@@ -432,6 +446,7 @@ class Store:
                     deleted += max(cursor.rowcount, 0)
                     conn.execute("DELETE FROM queues WHERE name = ?", name)
             deleted += apply_net(conn, net)
+            deleted += apply_ids(conn, id_net)
             if max_id > self._max_id:
                 conn.execute("UPDATE meta SET value = ? WHERE key = 'max_msg_id'", (max_id,))
             conn.execute("COMMIT")

@@ -13,7 +13,9 @@ from typing import Any
 from broker.message import Message
 
 APPLICATION_ID = 0x706D7131  # "pmq1" in the SQLite header: marks the file as a pinmq store.
-SCHEMA_VERSION = 1
+# 2: duplicate_ids. An older file opens as it is: the schema's statements only create what is
+# missing, then user_version is raised (a newer file is refused, sqlite_file.verify).
+SCHEMA_VERSION = 2
 
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS queues (
@@ -41,6 +43,14 @@ SCHEMA = (
     # Names this store to the peers it forwards to: a wiped data dir restarts its msg ids, and
     # receivers must not drop those as duplicates of the old store's.
     "INSERT OR IGNORE INTO meta (key, value) VALUES ('store_id', abs(random() >> 1))",
+    # Duplicate detection (broker/duplicates.py): per address, the ids of its latest persistent
+    # messages, written in the transaction that adds them; rowid order is the cache's order.
+    """CREATE TABLE IF NOT EXISTS duplicate_ids (
+        seq INTEGER PRIMARY KEY,
+        address TEXT NOT NULL,
+        dup_id TEXT NOT NULL,
+        msg_id INTEGER NOT NULL)""",
+    "CREATE UNIQUE INDEX IF NOT EXISTS duplicate_ids_key ON duplicate_ids (address, dup_id)",
 )
 INSERT = (
     "INSERT OR REPLACE INTO messages (msg_id, queue, address, headers, delivery_count, grp,"
@@ -56,6 +66,10 @@ UPSERT_MARK = (
     "INSERT INTO marks (origin, seq) VALUES (?, ?) ON CONFLICT (origin)"
     " DO UPDATE SET seq = max(seq, excluded.seq)"
 )
+# Replaced, an id moves to the end (a new rowid): it is the newest again.
+PUT_ID = "INSERT OR REPLACE INTO duplicate_ids (address, dup_id, msg_id) VALUES (?, ?, ?)"
+DELETE_ID = "DELETE FROM duplicate_ids WHERE address = ? AND dup_id = ?"
+SELECT_IDS = "SELECT address, dup_id, msg_id FROM duplicate_ids ORDER BY seq"
 SELECT_MESSAGES = (
     "SELECT msg_id, queue, address, headers, delivery_count, grp, group_seq, enqueued_ns, body"
     " FROM messages ORDER BY msg_id, queue"
@@ -128,4 +142,20 @@ def apply_net(conn: sqlite3.Connection, net: dict[Key, Row | int | None]) -> int
         conn.executemany(INSERT, puts)
     if upds:
         conn.executemany(UPDATE, upds)
+    return deleted
+
+
+IdKey = tuple[str, str]  # (address, duplicate id)
+
+
+def apply_ids(conn: sqlite3.Connection, net: dict[IdKey, int | None]) -> int:
+    """Execute folded id operations (msg id: keep, in the dict's order; None: forget); rows
+    deleted."""
+    if not net:
+        return 0
+    dels = [key for key, msg_id in net.items() if msg_id is None]
+    puts = [(*key, msg_id) for key, msg_id in net.items() if msg_id is not None]
+    deleted = max(conn.executemany(DELETE_ID, dels).rowcount, 0) if dels else 0
+    if puts:
+        conn.executemany(PUT_ID, puts)
     return deleted

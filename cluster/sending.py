@@ -18,6 +18,10 @@ connection) awaits `send` before it routes the next one. A decision that does no
 time fails the batch with `GroupingUnavailable` (gRPC UNAVAILABLE, STOMP ERROR), and nothing
 of it is enqueued anywhere: a grouped message is never routed without its binding.
 
+Messages a client sends again with an `_AMQ_DUPL_ID` this node accepted lately are dropped
+before planning, as on a standalone node (`broker/sending.py`'s `route_once`): the node a
+client sent to decides, and forwarded messages are never screened again.
+
 Routing returns the `Effects` to apply; the caller applies them (STOMP merges a read's frames
 into one store write). With the node's audit log on, each message leaves a `routed` event per
 instance it is routed to (`AuditLog.routed`): `queue@node`, and for a grouped one the binding
@@ -39,7 +43,7 @@ from broker.core import CoreError
 from broker.effects import Effects
 from broker.grouping import group_key
 from broker.queue import Queue
-from broker.sending import Outgoing, Sent
+from broker.sending import Outgoing, Sent, route_once
 from cluster.bridge import SF_PREFIX
 from cluster.local import LocalNode
 from cluster.node import ClusterNode
@@ -77,20 +81,34 @@ class ClusteredSendPath:
     def send_now(self, batch: Sequence[Outgoing], now_ns: int) -> Sent | None:
         """Route the batch now; None (nothing done) when a grouping decision must be awaited.
 
-        Raises CoreError (nothing done) when a message cannot be routed at all.
+        Raises CoreError (nothing done) when a message cannot be routed at all. Duplicates
+        (`_AMQ_DUPL_ID`) are dropped here, on the node the client sent to (`route_once`).
         """
-        plan = self._plan(batch, {}, None)
-        return None if plan is None else self._commit(batch, plan, now_ns, {})
+
+        def route(fresh: Sequence[Outgoing]) -> Sent | None:
+            plan = self._plan(fresh, {}, None)
+            return None if plan is None else self._commit(fresh, plan, now_ns, {})
+
+        return route_once(self.core, batch, route)
 
     async def send(self, batch: Sequence[Outgoing]) -> Sent:
-        """Await the batch's missing decisions (concurrently), then route all of it."""
+        """Await the batch's missing decisions (concurrently), then route all of it.
+
+        Duplicates are screened out before each plan, so none waits for a decision; the plan
+        that is complete is committed with no await after its screening.
+        """
         decided: dict[Key, Binding] = {}
         took: dict[Key, int] = {}  # how long each decision took (ns), for the audit log
         while True:
             missing: dict[Key, str] = {}
-            plan = self._plan(batch, decided, missing)
-            if plan is not None:
-                return self._commit(batch, plan, now_ns(), took)
+
+            def route(fresh: Sequence[Outgoing], missing: dict[Key, str] = missing) -> Sent | None:
+                plan = self._plan(fresh, decided, missing)
+                return None if plan is None else self._commit(fresh, plan, now_ns(), took)
+
+            sent = route_once(self.core, batch, route)
+            if sent is not None:
+                return sent
             for key, (binding, ns) in (await self._decide(missing)).items():
                 decided[key] = binding
                 took[key] = ns

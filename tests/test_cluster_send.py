@@ -20,7 +20,7 @@ from broker.config import NodeConfig, QueueConfig
 from broker.core import BrokerCore, CoreError
 from broker.effects import Effects
 from broker.engine import Engine
-from broker.message import GROUP_ID_HEADER
+from broker.message import DUPLICATE_ID_HEADER, GROUP_ID_HEADER
 from broker.sending import Outgoing
 from cluster.bridge import FORWARD_HEADER, sf_queue
 from cluster.node import ClusterNode
@@ -110,8 +110,12 @@ def peers(node: Node, instances: dict[str, dict[str, dict[str, int]]], **handler
         topology.connected(peer)
 
 
-def msg(body: str, group: str | None = None, address: str = "orders") -> Outgoing:
+def msg(
+    body: str, group: str | None = None, address: str = "orders", dup: str | None = None
+) -> Outgoing:
     headers = {GROUP_ID_HEADER: group} if group else {}
+    if dup is not None:
+        headers[DUPLICATE_ID_HEADER] = dup
     return Outgoing(address, body.encode(), headers, True)
 
 
@@ -262,3 +266,51 @@ async def test_redistribution_moves_ungrouped_messages_only(make: Any) -> None:
     ]
     assert node.core.queue("orders").depth == 2  # the group stays
     assert node.core.queue(sf_queue("pinmq", "n3")).depth == 3
+
+
+async def test_duplicates_are_dropped_on_the_entry_node_before_any_decision(make: Any) -> None:
+    node, handler = make()
+    node.core.create_queue("orders", "orders", QueueConfig())
+    peers(node, {"n2": {"orders": {"orders": 1}}})
+    bind(handler, "known", "orders", "n2")
+    sent = node.sender.send_now([msg("a", "known", dup="x"), msg("u", dup="y")], 1)
+    assert sent is not None
+    first, fx = sent
+    assert where(node, fx) == [("a", "orders@n2"), ("u", "orders@n2")]
+    # The forwarded copy's msg id (its SF queue's) is what the sender got; the id is stored
+    # with it, on this node: the receiving node never screens forwarded messages.
+    assert fx.duplicate_ids == [("orders", "x", first[0]), ("orders", "y", first[1])]
+    # Sent again, in a new group that would need a decision: dropped, no decision asked for.
+    batch = [msg("a", "new", dup="x"), msg("b", "known"), msg("u", dup="y"), msg("b2", dup="z")]
+    sent = node.sender.send_now([*batch, msg("b2 again", dup="z")], 2)
+    assert sent is not None
+    ids, fx = sent
+    assert handler.calls == []
+    assert ids[0] == first[0] and ids[2] == first[1] and ids[4] == ids[3]
+    assert [body for body, _ in where(node, fx)] == ["b", "b2"]
+    assert [(address, dup) for address, dup, _ in fx.duplicates] == [
+        ("orders", "x"),
+        ("orders", "y"),
+        ("orders", "z"),
+    ]
+
+
+async def test_a_batch_awaiting_a_decision_drops_an_id_accepted_meanwhile(make: Any) -> None:
+    node, handler = make()
+    node.core.create_queue("orders", "orders", QueueConfig())
+    peers(node, {"n2": {"orders": {"orders": 1}}})
+    bind(handler, "known", "orders", ME)
+    handler.release.clear()
+    waiting = asyncio.create_task(node.sender.send([msg("late", "new", dup="x"), msg("w")]))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert handler.calls == [("new", "orders", "n2")] and not waiting.done()
+    # Another connection brings the same id and is routed at once.
+    sent = node.sender.send_now([msg("early", "known", dup="x")], 1)
+    assert sent is not None
+    (early,), _ = sent
+    handler.release.set()
+    ids, fx = await waiting
+    assert ids[0] == early  # screened again once decided: the id came meanwhile
+    assert [body for body, _ in where(node, fx)] == ["w"]
+    assert node.core.duplicates_dropped == 1

@@ -317,3 +317,16 @@ def test_max_hops_zero_is_refused_with_the_reason() -> None:
     text = str(err.value)
     assert "h.yaml: cluster.max-hops: got 0" in text
     assert "must forward the groups bound to its peers' queues" in text
+
+
+def test_id_cache_size_defaults_to_20000_and_0_turns_detection_off() -> None:
+    assert parse_config("node: {id: n1}", "n1.yaml").limits.id_cache_size == 20_000
+    for size in (0, 1, 500_000):
+        cfg = parse_config(f"node: {{id: n1}}\nlimits: {{id-cache-size: {size}}}", "n1.yaml")
+        assert cfg.limits.id_cache_size == size
+    assert error_text("node: {id: n1}\nlimits: {id-cache-size: -1}") == (
+        "deploy/n.yaml: limits.id-cache-size: got -1, expected a number of ids per address, "
+        "0 (duplicate detection off) or more"
+    )
+    text = error_text("node: {id: n1}\nlimits: {id-cache-size: many}")
+    assert text == "deploy/n.yaml: limits.id-cache-size: got 'many', expected a valid integer"

@@ -21,6 +21,7 @@ import pytest
 
 from broker.message import Message
 from broker.store import Store, StoreError
+from broker.store_sql import APPLICATION_ID
 
 KIB = 1024
 
@@ -221,6 +222,64 @@ async def test_failed_write_rejects_its_batch_and_later_writes_work(tmp_path: Pa
     assert isinstance(results[1], StoreError)
     assert [m.msg_id for m in s.load_messages()] == [2, 3, 5]
     await s.close()
+
+
+async def test_duplicate_ids_keep_their_order_and_fold_within_a_batch(store: Store) -> None:
+    await store.write(added=[msg(1)], ids=[("a", "x", 1), ("a", "y", 2), ("b", "x", 3)])
+    with writer_blocked(store.path):
+        calls = [
+            store.write(ids=[("a", "z", 4), ("a", "x", None)]),  # evicted
+            store.write(ids=[("a", "x", 5)]),  # accepted again: the newest
+            store.write(ids=[("b", "t", 6), ("b", "t", None)]),  # in and out: never stored
+            store.write(ids=[("a", "nothing", None)]),  # forgetting what is not there
+        ]
+        tasks = [asyncio.create_task(c) for c in calls]
+        await let_tasks_run()
+    await asyncio.gather(*tasks)
+    assert store.load_ids() == [("a", "y", 2), ("b", "x", 3), ("a", "z", 4), ("a", "x", 5)]
+
+
+async def test_an_id_is_written_in_the_transaction_of_its_message(tmp_path: Path) -> None:
+    s = Store.open(tmp_path / "store.db", max_bytes=256 * KIB)  # SQLITE_FULL beyond this
+    with pytest.raises(StoreError, match="write failed"):
+        await s.write(added=[msg(1, body=b"x" * (1024 * KIB))], ids=[("a", "big", 1)])
+    await s.write(added=[msg(2)], ids=[("a", "small", 2)])
+    assert [m.msg_id for m in s.load_messages()] == [2]
+    assert s.load_ids() == [("a", "small", 2)]  # neither the message nor its id went in
+    await s.close()
+
+
+async def test_a_store_of_schema_version_1_opens_and_gains_the_id_table(tmp_path: Path) -> None:
+    path = tmp_path / "store.db"
+    s = Store.open(path)
+    await s.save_queue("addr", "q", {})
+    await s.write(added=[msg(1), msg(2)])
+    await s.close()
+    # What the previous version left: no duplicate_ids table, user_version 1.
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        conn.execute("DROP TABLE duplicate_ids")
+        conn.execute("PRAGMA user_version = 1")
+
+    s = Store.open(path)
+    assert [m.msg_id for m in s.load_messages()] == [1, 2]
+    assert s.load_queues() == [("addr", "q", {})] and s.load_ids() == []
+    await s.write(ids=[("addr", "x", 2)])
+    assert s.load_ids() == [("addr", "x", 2)]
+    await s.close()
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+
+
+def test_a_store_of_a_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "store.db"
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)")
+        conn.execute("PRAGMA user_version = 99")
+    before = path.read_bytes()
+    with pytest.raises(StoreError, match=naming(path, "schema version 99 is newer")):
+        Store.open(path)
+    assert path.read_bytes() == before
 
 
 async def test_a_write_that_finds_no_room_frees_the_reserve_then_waits_until_close(
