@@ -53,7 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     client.add_argument(
         "--url",
         default=os.environ.get("PINMQ_URL", DEFAULT_URL),
-        help="host:port[,host:port...] (default: $PINMQ_URL or %(default)s)",
+        help="host:port[,host:port...]: with several, the client moves to the next that answers "
+        "when its node goes (default: $PINMQ_URL or %(default)s)",
     )
 
     # consume and wait have a --timeout of their own (how long to wait); their calls keep the
@@ -399,13 +400,18 @@ async def _run_client(args: argparse.Namespace) -> None:
     timeout = getattr(args, "call_timeout", CALL_TIMEOUT_S)
     audit = getattr(args, "audit", None)
     async with Client(
-        args.url, audit=audit, call_timeout=timeout, on_blocked=_blocked_notice()
+        args.url,
+        audit=audit,
+        call_timeout=timeout,
+        on_blocked=_notice(every_s=10.0),
+        on_failover=_notice(),
     ) as client:
         await _VERBS[args.verb](client, args)
 
 
-def _blocked_notice(every_s: float = 10.0) -> Callable[[str], None]:
-    """Tell the user on stderr that the node holds the sends for room, at most every 10 s."""
+def _notice(every_s: float = 0.0) -> Callable[[str], None]:
+    """Tell the user on stderr what the client met (the node holds the sends for room, the
+    client moved to another node), at most every `every_s` seconds."""
     last = -every_s
 
     def notice(text: str) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar
 
 import grpc
 from grpc import aio
@@ -25,6 +25,9 @@ T = TypeVar("T")
 DEFAULT_URL = "127.0.0.1:7601"
 CONNECT_TIMEOUT_S = 5.0
 CALL_TIMEOUT_S = 30.0  # every request's deadline, unless the Client is given another
+# How long a client with several addresses keeps looking for one that answers after its
+# connection dropped: long enough for a backup to take over from its live node.
+FAILOVER_TIMEOUT_S = 30.0
 BATCH_BYTES = 1 << 20  # a send_many batch is cut at this size, below the server's frame limit
 # A frozen node fails the calls on it within two keepalive intervals; a node that returns is
 # reached again within about a second (broker/channels.py).
@@ -40,11 +43,19 @@ class Link(Protocol):
     """The connection a producer or consumer works through (`Client`)."""
 
     target: str  # the node it is connected to (host:port)
+    generation: int  # grows by one with every (re)connection: a call knows which link it used
     audit: AuditLog | None
     call_timeout: float  # seconds a request may take before its outcome counts as unknown
     _broker: pb_grpc.BrokerStub
 
-    async def _call(self, method: Callable[..., Awaitable[T]], request: Any) -> T: ...
+    @property
+    def fails_over(self) -> bool: ...
+
+    async def _move(self, generation: int) -> None: ...
+
+    async def _with_failover(
+        self, attempt: Callable[[], Awaitable[T]], *, repeat_unknown: bool
+    ) -> T: ...
 
     def _blocked(self) -> None: ...
 

@@ -1,7 +1,8 @@
-"""`Client`: one connection to a node (the first reachable of its addresses) and the admin calls."""
+"""`Client`: a connection to a node (one of its addresses), failover, and the admin calls."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import uuid
@@ -19,11 +20,18 @@ from broker.client.base import (
     CHANNEL_OPTIONS,
     CONNECT_TIMEOUT_S,
     DEFAULT_URL,
+    FAILOVER_TIMEOUT_S,
     T,
     ready,
 )
 from broker.client.consumer import Consumer
-from broker.client.errors import ConnectionLost, InvalidArgument, from_rpc
+from broker.client.errors import (
+    ConnectionLost,
+    InvalidArgument,
+    OutcomeUnknown,
+    PinmqError,
+    from_rpc,
+)
 from broker.client.info import (
     ClusterGroupInfo,
     ClusterGroups,
@@ -39,14 +47,15 @@ from pinmq_pb import client_pb2 as pb
 from pinmq_pb import client_pb2_grpc as pb_grpc
 
 _NULLABLE = ("group_first_key", "default_group", "dead_letter_address")
+log = logging.getLogger("pinmq.client")
 
 
-def _warn_blocked(text: str) -> None:
-    logging.getLogger("pinmq.client").warning(text)
+def _warn(text: str) -> None:
+    log.warning(text)
 
 
 class Client:
-    """A connection to one pinmq node: the first reachable address of `url`.
+    """A connection to a pinmq node: the first reachable address of `url`.
 
     `url` is "host:port[,host:port...]". Use as `async with Client(url) as client:`.
     With `audit` (a directory, or an `AuditLog`), the client records `client_sent` (once the
@@ -56,6 +65,15 @@ class Client:
     one that passes it fails with `OutcomeUnknown`. A send the node holds for room (address-
     full-policy BLOCK, a full disk) has none: `on_blocked` (default: a logging warning) is
     told and the send waits.
+
+    Failover: when the connection drops (a node that died, stopped or stopped answering),
+    the client moves to the next address of `url` that answers, in turns, for at most
+    `failover_timeout` seconds (default: 30 with several addresses; 0, no failover, with
+    one: its calls then fail as they come and the channel reconnects by itself). It moves as
+    a whole: consumers subscribe again, sends and reads that the drop cut short run again
+    (sends with the same messages: their `_AMQ_DUPL_ID` lets the node drop a copy it has).
+    Past the timeout they fail with `ConnectionLost` (or `OutcomeUnknown` for a request that
+    may have been done). `on_failover` (default: a logging warning) is told of each move.
     """
 
     def __init__(
@@ -64,47 +82,50 @@ class Client:
         *,
         connect_timeout: float = CONNECT_TIMEOUT_S,
         call_timeout: float = CALL_TIMEOUT_S,
+        failover_timeout: float | None = None,
         audit: str | Path | AuditLog | None = None,
         audit_name: str | None = None,
         on_blocked: Callable[[str], None] | None = None,
+        on_failover: Callable[[str], None] | None = None,
     ):
         self.addresses = [a.strip() for a in url.split(",") if a.strip()]
         if not self.addresses:
             raise InvalidArgument(f"no address in url {url!r}", "INVALID_ARGUMENT")
         self.target = self.addresses[0]
+        self.generation = 0
         self._connect_timeout = connect_timeout
         self.call_timeout = call_timeout
+        if failover_timeout is None:
+            failover_timeout = FAILOVER_TIMEOUT_S if len(self.addresses) > 1 else 0.0
+        self.failover_timeout = failover_timeout
         self._channel: aio.Channel | None = None
         self._broker: pb_grpc.BrokerStub
         self._admin: pb_grpc.AdminStub
+        self._moving: asyncio.Task[None] | None = None  # the move under way, shared by waiters
         # Audit log (broker/audit.py): opened on connect when given a directory.
         self.audit: AuditLog | None = audit if isinstance(audit, AuditLog) else None
         self._audit_dir = None if audit is None or isinstance(audit, AuditLog) else Path(audit)
         self._audit_name = audit_name or f"client-{uuid.uuid4().hex[:8]}"
         self._producers = itertools.count(1)
-        self.on_blocked = on_blocked or _warn_blocked
+        self.on_blocked = on_blocked or _warn
+        self.on_failover = on_failover or _warn
+
+    @property
+    def fails_over(self) -> bool:
+        return self.failover_timeout > 0
 
     async def connect(self) -> None:
-        """Open a channel to the first address that answers within the connect timeout."""
-        failures = []
-        for target in self.addresses:
-            channel = aio.insecure_channel(target, options=CHANNEL_OPTIONS)
-            if not await ready(channel, self._connect_timeout):
-                await channel.close()
-                failures.append(target)
-                continue
-            self.target, self._channel = target, channel
-            self._broker = pb_grpc.BrokerStub(channel)
-            self._admin = pb_grpc.AdminStub(channel)
-            if self._audit_dir is not None and self.audit is None:
-                self.audit = AuditLog(self._audit_dir, self._audit_name, node=target).start()
-            return
-        raise ConnectionLost(
-            f"cannot reach a pinmq node at {', '.join(failures)} (connection refused or timed out)",
-            "UNAVAILABLE",
-        )
+        """Open a channel to the first address that answers within the connect timeout
+        (trying them in turns for up to `failover_timeout`)."""
+        target, channel = await self._open(self.addresses)
+        self._use(target, channel)
+        if self._audit_dir is not None and self.audit is None:
+            self.audit = AuditLog(self._audit_dir, self._audit_name, node=target).start()
 
     async def close(self) -> None:
+        if self._moving is not None:
+            self._moving.cancel()
+            await asyncio.gather(self._moving, return_exceptions=True)
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
@@ -121,12 +142,130 @@ class Client:
     ) -> None:
         await self.close()
 
-    async def _call(self, method: Callable[..., Awaitable[T]], request: Any) -> T:
-        """One unary call with the client's deadline; failures as refused, lost or unknown."""
-        try:
-            return await method(request, timeout=self.call_timeout)
-        except grpc.RpcError as err:
-            raise from_rpc(err, self.target) from None
+    async def _open(self, order: list[str]) -> tuple[str, aio.Channel]:
+        """A ready channel to the first of `order` that answers; one round at least, more
+        (with a pause between rounds, as a refused connection fails at once) until
+        `failover_timeout` has passed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.failover_timeout
+        pause = 0.1
+        while True:
+            for target in order:
+                channel = aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+                connected = False
+                try:
+                    connected = await ready(channel, self._connect_timeout)
+                finally:
+                    if not connected:
+                        await channel.close()
+                if connected:
+                    return target, channel
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                within = f" within {self.failover_timeout:g} s" if self.fails_over else ""
+                raise ConnectionLost(
+                    f"cannot reach a pinmq node at {', '.join(order)}{within} "
+                    "(connection refused or timed out)",
+                    "UNAVAILABLE",
+                )
+            await asyncio.sleep(min(pause, remaining))
+            pause = min(2 * pause, 1.0)
+
+    def _use(self, target: str, channel: aio.Channel) -> None:
+        self.target, self._channel = target, channel
+        self._broker = pb_grpc.BrokerStub(channel)
+        self._admin = pb_grpc.AdminStub(channel)
+        self.generation += 1
+
+    async def _move(self, generation: int) -> None:
+        """Connect to the next address that answers, after the current one, unless the
+        client has moved since `generation` already. Concurrent callers share one move;
+        ConnectionLost when no address answers within `failover_timeout`."""
+        if generation != self.generation:
+            return
+        if self._channel is None:
+            raise ConnectionLost("the client is closed: nothing was sent", "CANCELLED")
+        if self._moving is None or self._moving.done():
+            self._moving = asyncio.create_task(self._move_on())
+            self._moving.add_done_callback(_seen)
+        moving = self._moving
+        await asyncio.wait([moving])  # a waiter that is cancelled leaves the move running
+        if moving.cancelled():
+            raise ConnectionLost(
+                "the client was closed while moving: nothing was sent", "CANCELLED"
+            )
+        moving.result()
+
+    async def _move_on(self) -> None:
+        """Move to another address; the old channel is closed once the new one is in use, so
+        the calls still on it end (CANCELLED) knowing that the client moved under them."""
+        old, channel = self.target, self._channel
+        after = self.addresses.index(old) + 1
+        target, new = await self._open(self.addresses[after:] + self.addresses[:after])
+        self._use(target, new)
+        self.on_failover(f"lost the connection to {old}; now connected to {target}")
+        if channel is not None:
+            await channel.close()
+
+    async def _with_failover(
+        self, attempt: Callable[[], Awaitable[T]], *, repeat_unknown: bool
+    ) -> T:
+        """Run `attempt`, and again on the next node each time the connection drops under it.
+
+        Only an attempt that was never sent runs again, or, with `repeat_unknown`, one whose
+        outcome is unknown (reads, and sends: their duplicate ids make a copy harmless). The
+        failover ends `failover_timeout` after the first drop (a node that takes the call
+        and drops it again is not retried forever); when it gives up after an attempt that
+        may have been done, the outcome is unknown.
+        """
+        loop = asyncio.get_running_loop()
+        deadline: float | None = None
+        maybe_done: PinmqError | None = None
+        while True:
+            generation = self.generation
+            try:
+                return await attempt()
+            except PinmqError as err:
+                if not self._cut_short(err, generation, repeat_unknown):
+                    raise
+                if not isinstance(err, ConnectionLost):
+                    maybe_done = err
+                last = err
+            if deadline is None:
+                deadline = loop.time() + self.failover_timeout
+            try:
+                if loop.time() >= deadline:
+                    raise ConnectionLost(
+                        f"no node took it within {self.failover_timeout:g} s", "UNAVAILABLE"
+                    )
+                await self._move(generation)
+            except ConnectionLost as gave_up:
+                outcome = ConnectionLost if maybe_done is None else OutcomeUnknown
+                raise outcome(
+                    f"{maybe_done or last}; and no node to try again: {gave_up}", "UNAVAILABLE"
+                ) from None
+
+    def _cut_short(self, err: PinmqError, generation: int, repeat_unknown: bool) -> bool:
+        """Whether a failover may run again the attempt that `err` ended on `generation`."""
+        if not self.fails_over:
+            return False
+        if isinstance(err, ConnectionLost):
+            return True
+        moved = generation != self.generation and err.code == "CANCELLED"
+        dropped = isinstance(err, OutcomeUnknown) and err.code == "UNAVAILABLE"
+        return repeat_unknown and (moved or dropped)
+
+    async def _call(self, method: str, request: Any, *, changes: bool = False) -> Any:
+        """One unary Admin call with the client's deadline; failures as refused, lost or
+        unknown. A read runs again after a failover; a change only if it was never sent."""
+
+        async def attempt() -> Any:
+            try:
+                return await getattr(self._admin, method)(request, timeout=self.call_timeout)
+            except grpc.RpcError as err:
+                raise from_rpc(err, self.target) from None
+
+        return await self._with_failover(attempt, repeat_unknown=not changes)
 
     def _blocked(self) -> None:
         self.on_blocked(
@@ -167,22 +306,22 @@ class Client:
         request = pb.CreateQueueRequest(
             address=address or queue, queue=queue, settings=_settings_pb(settings)
         )
-        await self._call(self._admin.CreateQueue, request)
+        await self._call("CreateQueue", request, changes=True)
 
     async def delete_queue(self, queue: str) -> int:
         """Delete `queue` and its messages; returns how many messages were removed."""
-        reply = await self._call(self._admin.DeleteQueue, pb.DeleteQueueRequest(queue=queue))
+        reply = await self._call("DeleteQueue", pb.DeleteQueueRequest(queue=queue), changes=True)
         return reply.removed_messages
 
     async def queues(self) -> list[QueueInfo]:
-        reply = await self._call(self._admin.ListQueues, pb.ListQueuesRequest())
+        reply = await self._call("ListQueues", pb.ListQueuesRequest())
         return [
             QueueInfo(q.name, q.address, q.depth, q.consumer_count, _settings_dict(q.settings))
             for q in reply.queues
         ]
 
     async def groups(self, queue: str) -> list[GroupInfo]:
-        reply = await self._call(self._admin.ListGroups, pb.ListGroupsRequest(queue=queue))
+        reply = await self._call("ListGroups", pb.ListGroupsRequest(queue=queue))
         return [
             GroupInfo(
                 group=g.group,
@@ -197,7 +336,7 @@ class Client:
 
     async def consumers(self, queue: str) -> list[ConsumerInfo]:
         """The queue's consumers: what each holds, and whether it stalls."""
-        reply = await self._call(self._admin.ListGroups, pb.ListGroupsRequest(queue=queue))
+        reply = await self._call("ListGroups", pb.ListGroupsRequest(queue=queue))
         return [
             ConsumerInfo(c.consumer_id, c.name, c.prefetch, c.unacked, c.groups, c.stalled_ms)
             for c in reply.consumers
@@ -206,7 +345,7 @@ class Client:
     async def reset_groups(self, queue: str, group: str | None = None) -> None:
         """Unpin one group (or all): their next messages may go to any consumer."""
         request = pb.ResetGroupsRequest(queue=queue, group=group)
-        await self._call(self._admin.ResetGroups, request)
+        await self._call("ResetGroups", request, changes=True)
 
     # ---- the cluster (clustered nodes only) ----
 
@@ -215,7 +354,7 @@ class Client:
     ) -> ClusterGroups:
         """Every group of the cluster (of one queue, one group) in one call, from any node."""
         request = pb.ClusterGroupsRequest(queue=queue or "", group=group or "")
-        reply = await self._call(self._admin.ClusterGroups, request)
+        reply = await self._call("ClusterGroups", request)
         return ClusterGroups(
             groups=[
                 ClusterGroupInfo(
@@ -245,11 +384,11 @@ class Client:
         and after a forced move they reach a consumer when it returns, out of order.
         """
         request = pb.ClusterResetGroupRequest(group=group, queue=queue, force=force)
-        reply = await self._call(self._admin.ClusterResetGroup, request)
+        reply = await self._call("ClusterResetGroup", request, changes=True)
         return reply.removed
 
     async def cluster_status(self) -> ClusterStatus:
-        reply = await self._call(self._admin.ClusterStatus, pb.ClusterStatusRequest())
+        reply = await self._call("ClusterStatus", pb.ClusterStatusRequest())
         return ClusterStatus(
             node_id=reply.node_id,
             connected={n.node_id: n.connected for n in reply.nodes},
@@ -279,3 +418,9 @@ def _settings_dict(settings: pb.QueueSettings) -> dict[str, Any]:
             value = getattr(settings, desc.name)
             out[desc.name] = None if desc.name in _NULLABLE and value == "" else value
     return out
+
+
+def _seen(task: asyncio.Task[None]) -> None:
+    """Mark a move's failure as seen: every waiter may have been cancelled."""
+    if not task.cancelled():
+        task.exception()

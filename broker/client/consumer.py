@@ -1,10 +1,12 @@
 """Consuming: a subscription stream that receives batched deliveries and settles them in
-batches, reconnecting to the node's queue after a lost link."""
+batches; with failover, the same subscription goes on at the node the client moved to."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import logging
 from collections import deque
 from collections.abc import Awaitable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -19,10 +21,17 @@ from broker.client.base import CONNECT_TIMEOUT_S, Link, SettleKind
 from broker.client.errors import ConnectionLost, OutcomeUnknown, PinmqError, from_rpc
 from pinmq_pb import client_pb2 as pb
 
+log = logging.getLogger("pinmq.client")
+
 
 @dataclass(slots=True, eq=False)
 class Received:
-    """A delivered message; settle it exactly once with ack, release or reject."""
+    """A delivered message; settle it exactly once with ack, release or reject.
+
+    A message received before its consumer subscribed again (after a failover) can no longer
+    be settled: its delivery ended with its stream, and the node delivers it again. Settling
+    it does nothing (a debug log says so), or, with `wait`, raises ConnectionLost.
+    """
 
     msg_id: int
     delivery_id: int
@@ -35,15 +44,21 @@ class Received:
     delivery_count: int
     persistent: bool
     _consumer: Consumer = field(repr=False)
+    _stream: int = field(repr=False)  # the consumer's subscription it came through
     _settled: bool = field(default=False, repr=False)
 
     @property
     def text(self) -> str:
         return self.body.decode()
 
+    @property
+    def redelivered(self) -> bool:
+        """Delivered before without an ack: released, or out when its stream or node went."""
+        return self.delivery_count > 1
+
     async def ack(self, wait: bool = False) -> None:
         """Done with it; `wait` returns only once the server has committed the ack."""
-        await self._settle("ack", wait)
+        await self._consumer._settle_many("ack", [self], wait)
 
     async def release(self, wait: bool = False) -> None:
         """Give it back: it is redelivered first in its group, delivery count + 1.
@@ -52,25 +67,11 @@ class Received:
         group is redelivered in order: those still buffered here are dropped, and settling
         one already handed out is ignored by the server.
         """
-        await self._settle("release", wait)
+        await self._consumer._settle_many("release", [self], wait)
 
     async def reject(self, wait: bool = False) -> None:
         """Refuse it: it goes to the dead-letter address (or is dropped)."""
-        await self._settle("reject", wait)
-
-    async def _settle(self, kind: SettleKind, wait: bool) -> None:
-        if self._settled:
-            raise PinmqError(
-                f"delivery {self.delivery_id} is already settled", "FAILED_PRECONDITION"
-            )
-        self._settled = True
-        receipt = self._consumer.settle(kind, [self.delivery_id], wait)
-        if kind == "ack":
-            self._consumer._audit_acked((self,))
-        if kind == "release":
-            self._consumer._drop_returned([self])
-        if receipt is not None:
-            await receipt
+        await self._consumer._settle_many("reject", [self], wait)
 
 
 class Consumer:
@@ -78,6 +79,10 @@ class Consumer:
 
     A background task reads the stream, so receipts arrive even while nobody iterates; settles
     are queued and a writer task sends everything queued since its last write as one message.
+    When the stream drops and the client fails over, the task subscribes again (same queue,
+    name and prefetch) where the client moved: the iteration goes on. What was buffered but
+    not yet handed out is dropped; like what was handed out and not acked, the node delivers
+    it again, redelivered.
     """
 
     def __init__(self, client: Link, queue: str, name: str, prefetch: int) -> None:
@@ -87,6 +92,9 @@ class Consumer:
         self.consumer_id: str | None = None
         self._client = client
         self._call: aio.StreamStreamCall | None = None
+        self._generation = 0  # the client's connection the stream runs on
+        self._node = client.target  # the node the stream runs to
+        self._stream = 0  # subscriptions so far: deliveries of an earlier one cannot be settled
         self._buffer: deque[Received] = deque()
         self._arrived = asyncio.Event()
         self._outbox: list[tuple[SettleKind, list[int], bool]] = []
@@ -94,28 +102,17 @@ class Consumer:
         self._receipts: dict[int, asyncio.Future[None]] = {}
         self._error: PinmqError | None = None
         self._ended = False
+        self._resuming = False  # subscribing again after a drop
         self._closing = False
-        self._tasks: list[asyncio.Task[None]] = []
+        self._starting = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Subscribe; raises NotFound / InvalidArgument when the server refuses."""
-        if self._call is not None:
-            return
-        self._call = call = self._client._broker.Consume()
-        subscribe = pb.Subscribe(queue=self.queue, consumer_name=self.name, prefetch=self.prefetch)
-        try:
-            await call.write(pb.ConsumeRequest(subscribe=subscribe))
-            first = await call.read()
-        except grpc.RpcError as err:
-            raise from_rpc(err, self._client.target) from None
-        if first is aio.EOF or first.WhichOneof("kind") != "subscribed":
-            call.cancel()
-            raise PinmqError("the server ended the subscription at once", "UNKNOWN")
-        self.consumer_id = first.subscribed.consumer_id
-        self._tasks = [
-            asyncio.create_task(self._read_loop(call)),
-            asyncio.create_task(self._write_loop(call)),
-        ]
+        async with self._starting:
+            if self._task is None:
+                call = await self._client._with_failover(self._subscribe, repeat_unknown=True)
+                self._task = asyncio.create_task(self._run(call))
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -136,8 +133,10 @@ class Consumer:
         return message
 
     async def receive(self, timeout: float | None = None) -> Received | None:
-        """The next message; None when the stream ended or `timeout` seconds passed."""
-        await self.start()
+        """The next message; None when the stream ended or `timeout` seconds passed. The
+        time spent subscribing again after a drop does not count: it waits for that."""
+        if self._task is None:
+            await self.start()
         while not self._buffer:
             if self._error is not None:
                 raise self._error
@@ -147,7 +146,8 @@ class Consumer:
             try:
                 await asyncio.wait_for(self._arrived.wait(), timeout)
             except TimeoutError:
-                return None
+                if not self._resuming:
+                    return None
         return self._buffer.popleft()
 
     async def ack_many(self, messages: Iterable[Received], wait: bool = False) -> None:
@@ -160,22 +160,33 @@ class Consumer:
     async def _settle_many(
         self, kind: SettleKind, messages: Iterable[Received], wait: bool
     ) -> None:
-        ids, chosen = [], []
+        chosen, stale = [], []
         for m in messages:
             if m._settled:
                 raise PinmqError(
                     f"delivery {m.delivery_id} is already settled", "FAILED_PRECONDITION"
                 )
             m._settled = True
-            ids.append(m.delivery_id)
-            chosen.append(m)
-        receipt = self.settle(kind, ids, wait)
+            (chosen if m._stream == self._stream else stale).append(m)
+        if stale:
+            log.debug(
+                "%s of %d message(s) from a dropped stream not sent: they come again",
+                kind,
+                len(stale),
+            )
+        receipt = self.settle(kind, [m.delivery_id for m in chosen], wait) if chosen else None
         if kind == "ack":
             self._audit_acked(chosen)
         if kind == "release":
             self._drop_returned(chosen)
         if receipt is not None:
             await receipt
+        if stale and wait:
+            raise ConnectionLost(
+                f"{kind} not sent for {len(stale)} message(s) received before a failover: "
+                "the node delivers them again",
+                "UNAVAILABLE",
+            )
 
     def settle(
         self, kind: SettleKind, delivery_ids: list[int], wait: bool
@@ -211,19 +222,66 @@ class Consumer:
 
     async def close(self) -> None:
         """Flush pending settles and unsubscribe; unsettled messages go back to the queue."""
-        if self._call is None or self._closing:
+        if self._task is None or self._closing:
             return
         self._closing = True
         self._outbox_ready.set()
-        reader, writer = self._tasks
-        await writer
         try:
-            await asyncio.wait_for(reader, CONNECT_TIMEOUT_S)
+            await asyncio.wait_for(self._task, CONNECT_TIMEOUT_S)
         except TimeoutError:
+            assert self._call is not None
             self._call.cancel()
         self._fail_receipts(PinmqError("the consumer was closed", "CANCELLED"))
 
-    async def _read_loop(self, call: aio.StreamStreamCall) -> None:
+    async def _subscribe(self) -> aio.StreamStreamCall:
+        """A new Consume stream on the client's connection, subscribed."""
+        client = self._client
+        generation, node = client.generation, client.target
+        call = client._broker.Consume()
+        subscribe = pb.Subscribe(queue=self.queue, consumer_name=self.name, prefetch=self.prefetch)
+        try:
+            with contextlib.suppress(asyncio.InvalidStateError):  # it ended: the read says why
+                await call.write(pb.ConsumeRequest(subscribe=subscribe))
+            first = await call.read()
+        except grpc.RpcError as err:
+            raise from_rpc(err, node) from None
+        if first is aio.EOF or first.WhichOneof("kind") != "subscribed":
+            call.cancel()
+            raise PinmqError("the server ended the subscription at once", "UNKNOWN")
+        self.consumer_id = first.subscribed.consumer_id
+        self._call, self._generation, self._node = call, generation, node
+        return call
+
+    async def _run(self, call: aio.StreamStreamCall) -> None:
+        """Serve the stream; after a drop, with failover, subscribe again where the client
+        moved, until the consumer closes or the stream ends for good."""
+        try:
+            while (error := await self._serve(call)) is not None:
+                self._stream_ended(error)
+                if not self._dropped(error):
+                    self._error = error
+                    return
+                self._resuming = True
+                self._forget_stream()
+                try:
+                    await self._client._move(self._generation)
+                    call = await self._client._with_failover(self._subscribe, repeat_unknown=True)
+                except PinmqError as err:
+                    self._error = err
+                    return
+                finally:
+                    self._resuming = False
+                log.info(
+                    "consumer %s subscribed to %s again at %s", self.name, self.queue, self._node
+                )
+        finally:
+            self._ended = True
+            self._arrived.set()
+
+    async def _serve(self, call: aio.StreamStreamCall) -> PinmqError | None:
+        """Read the stream, with a writer task for the settles, until it ends; why it ended
+        (None: the consumer closed, or the node ended it without an error)."""
+        writer = asyncio.create_task(self._write_loop(call))
         try:
             while (response := await call.read()) is not aio.EOF:
                 kind = response.WhichOneof("kind")
@@ -237,20 +295,31 @@ class Consumer:
                             future.set_result(None)
         except grpc.RpcError as err:
             if not (self._closing and err.code() == grpc.StatusCode.CANCELLED):
-                self._error = from_rpc(err, self._client.target)
-                self._stream_ended(self._error)
+                return from_rpc(err, self._node)
         finally:
-            self._ended = True
-            self._arrived.set()
-            self._outbox_ready.set()
+            writer.cancel()
+            await asyncio.wait([writer])
+        return None
+
+    def _dropped(self, error: PinmqError) -> bool:
+        """Whether the stream ended with its connection (or the node going away), not for a
+        reason of the subscription's own such as a deleted queue: failover can resume it."""
+        client = self._client
+        moved = self._generation != client.generation  # its channel was closed under it
+        return client.fails_over and not self._closing and (error.code == "UNAVAILABLE" or moved)
+
+    def _forget_stream(self) -> None:
+        """What the dropped stream held is void: its settles, and its buffered messages, which
+        the node delivers again."""
+        self._stream += 1
+        self._outbox.clear()
+        self._buffer.clear()
 
     async def _write_loop(self, call: aio.StreamStreamCall) -> None:
         try:
             while True:
                 await self._outbox_ready.wait()
                 self._outbox_ready.clear()
-                if self._ended:
-                    return
                 batch, self._outbox = self._outbox, []
                 for kind, ids, wait in _coalesce(batch):
                     await call.write(
@@ -260,7 +329,7 @@ class Consumer:
                     await call.done_writing()
                     return
         except (grpc.RpcError, asyncio.InvalidStateError):
-            pass  # the stream ended (InvalidStateError: before this write); the read loop says why
+            pass  # the stream ended (InvalidStateError: before this write); the reader says why
 
     def _audit(self, kind: str, m: Received, **extra: Any) -> None:
         audit = self._client.audit
@@ -305,6 +374,7 @@ class Consumer:
             delivery_count=d.delivery_count,
             persistent=d.persistent,
             _consumer=self,
+            _stream=self._stream,
         )
 
     def _stream_ended(self, error: PinmqError) -> None:
@@ -314,7 +384,7 @@ class Consumer:
         One that was sent may have been committed before the stream ended.
         """
         unsent = {i for _, ids, _ in self._outbox for i in ids}
-        target = self._client.target
+        target = self._node
         receipts, self._receipts = self._receipts, {}
         for delivery_id, future in receipts.items():
             if future.done():
