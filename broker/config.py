@@ -324,6 +324,39 @@ class AuditSection(Strict):
     flush_ms: int = Field(default=100, gt=0)  # how often buffered events are written
 
 
+class HaSection(Strict):
+    """The LOCAL node as a pair of processes: a primary and its replicated backup.
+
+    Both have `grouping-handler` type LOCAL and a `cluster` section. The backup follows the
+    primary's stores over `listen.cluster` (cluster/replication.py) and serves no clients.
+    """
+
+    role: Literal["primary", "backup"]
+    primary: HostPort | None = None  # backup only: its primary's listen.cluster
+    allow_failback: bool = False
+    heartbeat_interval: int = Field(default=200, gt=0)  # ms between primary <-> backup heartbeats
+    failure_timeout: int = Field(default=1000, gt=0)  # ms without heartbeats: ask for a vote
+
+    @model_validator(mode="after")
+    def _consistent(self) -> HaSection:
+        if self.role == "backup" and self.primary is None:
+            raise PydanticCustomError(
+                "pinmq", "a backup needs ha.primary: its primary's listen.cluster address"
+            )
+        if self.role == "primary" and self.primary is not None:
+            raise PydanticCustomError(
+                "pinmq", "ha.primary is for a backup (role: backup); a primary has none"
+            )
+        if self.failure_timeout < 2 * self.heartbeat_interval:
+            raise PydanticCustomError(
+                "pinmq",
+                f"ha.failure-timeout ({self.failure_timeout} ms) must be at least twice "
+                f"ha.heartbeat-interval ({self.heartbeat_interval} ms): one lost heartbeat "
+                "must not look like a failure",
+            )
+        return self
+
+
 def _default_address_settings() -> dict[str, AddressSettings]:
     return {wildcard.ANY_WORDS: AddressSettings()}
 
@@ -341,6 +374,7 @@ class NodeConfig(Strict):
     grouping_handler: GroupingHandlerSection | None = None
     log: LogSection = Field(default_factory=LogSection)
     audit: AuditSection = Field(default_factory=AuditSection)
+    ha: HaSection | None = None
     # Store a message's delivery count before it goes out (Artemis's setting of that name,
     # with a choice of messages): after a crash, a message that was out but not acked comes
     # back marked redelivered. `grouped`: persistent messages of a group on a queue that groups
@@ -389,6 +423,18 @@ class NodeConfig(Strict):
                     "(DLQ by default) or null to drop on purpose",
                 )
         return value
+
+    @model_validator(mode="after")
+    def _ha_needs_the_local_handler(self) -> NodeConfig:
+        handler = self.grouping_handler
+        local = self.cluster is not None and handler is not None and handler.type == "LOCAL"
+        if self.ha is not None and not local:
+            raise PydanticCustomError(
+                "pinmq",
+                "ha: only the LOCAL node has a primary and a backup; both need a cluster "
+                "section and grouping-handler type LOCAL",
+            )
+        return self
 
     def settings_for(self, address: str) -> AddressSettings:
         """Settings from the most specific matching entry; built-in defaults if none match."""

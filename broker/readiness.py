@@ -42,6 +42,7 @@ def assess(
     peers: Mapping[str, bool],
     problems: list[str],
     resources: Mapping[str, Any] | None = None,
+    ha: Mapping[str, Any] | None = None,
 ) -> Readiness:
     """Readiness from the node's facts; `peers` maps each known peer to whether it is linked.
 
@@ -75,5 +76,6 @@ def assess(
         "problems": problems,
         "reasons": reasons,
         "resources": dict(resources) if resources is not None else None,
+        "ha": dict(ha) if ha is not None else None,
     }
     return Readiness(not reasons, details)

@@ -15,7 +15,7 @@ import os
 import queue
 import sqlite3
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -220,6 +220,40 @@ class Request:
 
 Requests = queue.SimpleQueue[Request]
 
+# A write request as a replication tap sees it, in call order: (kind, payload). The tap answers
+# a future that resolves once the backup holds it (None: nothing to wait for).
+Tap = Callable[[int, Any], "asyncio.Future[None] | None"]
+
+SNAPSHOT = -1  # request kind every writer serves alike: pin a read snapshot at that point
+
+
+class Pinned:
+    """A read transaction pinned where a SNAPSHOT request stood in a file's write order: it
+    sees every write enqueued before it and none after, while the writer goes on."""
+
+    def __init__(self) -> None:
+        self.conn: sqlite3.Connection | None = None
+
+    def pin(self, path: Path) -> None:
+        """On the writer thread, between two batches."""
+        uri = path.resolve().as_uri() + "?mode=ro"
+        conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+        conn.execute("BEGIN")
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # the read starts here
+        self.conn = conn
+
+    def rows(self, table: str, chunk: int) -> Iterator[list[tuple[Any, ...]]]:
+        """Every row of `table` in chunks (any thread, one at a time)."""
+        assert self.conn is not None
+        cursor = self.conn.execute(f"SELECT * FROM {table}")  # our own table names
+        while rows := cursor.fetchmany(chunk):
+            yield rows
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
 
 def start_writer(
     name: str,
@@ -257,17 +291,24 @@ def enqueue(requests: Requests, request: Request) -> asyncio.Future[None]:
     return request.future
 
 
+def snapshot(requests: Requests) -> tuple[Pinned, asyncio.Future[None]]:
+    """Enqueue a SNAPSHOT request: the writer pins a read of the file right after every
+    request enqueued before it (the future resolves then) and before any enqueued after."""
+    pinned = Pinned()
+    return pinned, enqueue(requests, Request(SNAPSHOT, pinned, 0))
+
+
 def take(requests: Requests, close: int, max_size: int) -> tuple[list[Request], Request | None]:
     """Block for one request, then take whatever else is queued, up to `max_size` in all.
 
-    Returns the batch and, when a request of kind `close` came, that request (last: it is
-    served after the batch).
+    Returns the batch and, when a request of kind `close` or SNAPSHOT came, that request
+    (last: it is served after the batch).
     """
     request = requests.get()
     batch: list[Request] = []
     size = 0
     while True:
-        if request.kind == close:
+        if request.kind in (close, SNAPSHOT):
             return batch, request
         batch.append(request)
         size += request.size

@@ -59,6 +59,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 import structlog
 
@@ -112,6 +113,8 @@ class Store:
     cancel the write. `commits` and `compactions` count transactions and compaction runs.
     """
 
+    TABLES = ("meta", "queues", "messages", "marks", "duplicate_ids")  # what a backup copies
+
     def __init__(
         self, path: Path, max_bytes: int | None = None, on_full: Callable[[], bool] | None = None
     ) -> None:
@@ -129,6 +132,8 @@ class Store:
         self._max_id = 0
         self._deleted_since_compaction = 0
         self._compaction_wanted = False
+        # ha: the primary's replication sees every write request here, in call order
+        self.tap: sqlite_file.Tap | None = None
 
     # ------------------------------------------------------------------ opening
 
@@ -333,12 +338,32 @@ class Store:
         """Bytes on disk: database file plus WAL file."""
         return sqlite_file.disk_bytes(self.path)
 
+    def snapshot(self) -> tuple[sqlite_file.Pinned, asyncio.Future[None]]:
+        """A read snapshot of every write requested before this call, pinned once the future
+        resolves (ha: a backup's catch-up); enqueued now, so it falls between two writes."""
+        if not self.is_open:
+            raise StoreError(f"{self.path}: store is closed")
+        return sqlite_file.snapshot(self._requests)
+
+    def replay(self, kind: int, payload: Any) -> asyncio.Future[None]:
+        """Apply a write request as the primary's tap saw it (ha: on the backup); enqueued
+        now, in call order, and durable once the future resolves."""
+        if not self.is_open:
+            raise StoreError(f"{self.path}: store is closed")
+        size = sum(map(len, payload)) if kind == _WRITE else 1
+        return sqlite_file.enqueue(self._requests, Request(kind, payload, size))
+
     async def _submit(self, request: Request, closing: bool = False) -> None:
         if self._closed and not closing:
             raise StoreError(f"{self.path}: store is closed")
         if self._thread is None or not self._thread.is_alive():
             raise StoreError(f"{self.path}: writer thread is not running")
-        await sqlite_file.enqueue(self._requests, request)
+        local = sqlite_file.enqueue(self._requests, request)
+        # In the same step as the enqueue, so the backup sees writes in the order we apply them.
+        shipped = None if self.tap is None or closing else self.tap(request.kind, request.payload)
+        await local
+        if shipped is not None:
+            await shipped
 
     # ------------------------------------------------------------------ writer thread
 
@@ -351,7 +376,9 @@ class Store:
                 except Exception as exc:  # a bug here must not leave callers waiting forever
                     log.exception("store writer failed", path=str(self.path))
                     sqlite_file.settle(batch, [self._failure(exc) for _ in batch])
-            if closing is not None:
+            if closing is not None and closing.kind == sqlite_file.SNAPSHOT:
+                self._pin(closing)
+            elif closing is not None:
                 self._finish(conn, closing)
                 return
             if self._deleted_since_compaction >= COMPACT_AFTER_DELETES or (
@@ -459,6 +486,14 @@ class Store:
         self._deleted_since_compaction += deleted
         self.commits += 1
         self._count_free(conn)
+
+    def _pin(self, request: Request) -> None:
+        error: StoreError | None = None
+        try:
+            request.payload.pin(self.path)
+        except sqlite3.Error as exc:
+            error = StoreError(f"{self.path}: cannot pin a snapshot: {exc}")
+        sqlite_file.settle([request], [error])
 
     def _compact(self, conn: sqlite3.Connection, step: int | None) -> None:
         """Give free pages back to the OS while idle, then truncate the WAL.

@@ -33,6 +33,7 @@ from cluster.bridge import (
 )
 from cluster.connector import SERVER_OPTIONS, GossipLink, run_connector
 from cluster.local import LocalNode
+from cluster.replication import Replicator
 from cluster.routing import Router
 from cluster.service import ClusterService
 from cluster.topology import Instance, NodeState, Topology
@@ -64,6 +65,7 @@ class ClusterNode:
         self.router = Router()
         self.receiver = ForwardReceiver(self)
         self.admission: Admission | None = None  # set by the node when grouping is on
+        self.replicator: Replicator | None = None  # set by the node of an ha primary
         self.store_id = 0
         self._incarnation = time.time_ns()
         self._version = 0

@@ -6,11 +6,13 @@ from collections.abc import AsyncIterator
 from contextlib import AbstractContextManager
 from typing import Protocol
 
+import grpc
 from grpc import aio
 
 from cluster.admin import GroupsHost, node_groups, row_to_pb
 from cluster.bridge import ForwardReceiver
 from cluster.connector import GossipHost, GossipLink, state_to_pb
+from cluster.replication import Replicator
 from cluster.topology import Topology
 from pinmq_pb import cluster_pb2 as pb
 from pinmq_pb import cluster_pb2_grpc as pb_grpc
@@ -21,6 +23,7 @@ class ServiceHost(GossipHost, GroupsHost, Protocol):
 
     receiver: ForwardReceiver
     topology: Topology
+    replicator: Replicator | None
 
     def serving(self) -> AbstractContextManager[None]: ...
 
@@ -67,3 +70,16 @@ class ClusterService(pb_grpc.ClusterServicer):
     ) -> pb.GroupsReply:
         rows = node_groups(self.cluster, request.queue or None, request.group or None)
         return pb.GroupsReply(node_id=self.cluster.node_id, groups=[row_to_pb(r) for r in rows])
+
+    async def Replicate(
+        self, request_iterator: AsyncIterator[pb.ReplicaReport], context: aio.ServicerContext
+    ) -> None:
+        replicator = self.cluster.replicator
+        if replicator is None:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{self.cluster.node_id} is not an ha primary (ha.role: primary)",
+            )
+            return
+        with self.cluster.serving():
+            await replicator.serve(request_iterator, context)

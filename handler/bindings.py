@@ -21,6 +21,7 @@ import sqlite3
 import threading
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -54,12 +55,16 @@ class BindingStoreError(Exception):
 class BindingStore:
     """Bindings in one SQLite file; build with `BindingStore.open(path)`."""
 
+    TABLES = ("bindings",)  # what a backup copies to catch up
+
     def __init__(self, path: Path) -> None:
         self.path = path
         self.commits = 0
         self._requests: Requests = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._closed = False
+        # ha: the primary's replication sees every write request here, in call order
+        self.tap: sqlite_file.Tap | None = None
 
     @classmethod
     def open(cls, path: Path) -> BindingStore:
@@ -114,6 +119,17 @@ class BindingStore:
             await self._submit(Request(_CLOSE_OP, None, 0), closing=True)
         await asyncio.to_thread(thread.join)
 
+    def snapshot(self) -> tuple[sqlite_file.Pinned, asyncio.Future[None]]:
+        """A read snapshot of every write requested before this call, pinned once the future
+        resolves (ha: a backup's catch-up); enqueued now, so it falls between two writes."""
+        if self._closed or self._thread is None or not self._thread.is_alive():
+            raise BindingStoreError(f"{self.path}: bindings store is closed")
+        return sqlite_file.snapshot(self._requests)
+
+    def replay(self, kind: int, payload: Any) -> asyncio.Future[None]:
+        """Apply a write request as the primary's tap saw it (ha: on the backup)."""
+        return self._submit(Request(kind, payload, len(payload)))
+
     def _submit(self, request: Request, closing: bool = False) -> asyncio.Future[None]:
         if self._closed and not closing:
             future = _failed(BindingStoreError(f"{self.path}: bindings store is closed"))
@@ -121,6 +137,10 @@ class BindingStore:
             future = _failed(BindingStoreError(f"{self.path}: writer is not running"))
         else:
             future = sqlite_file.enqueue(self._requests, request)
+            if self.tap is not None and not closing:
+                shipped = self.tap(request.kind, request.payload)
+                if shipped is not None:  # durable once on the backup too
+                    future = _both(future, shipped)
         future.add_done_callback(_retrieve)
         return future
 
@@ -138,7 +158,14 @@ class BindingStore:
                     error = BindingStoreError(f"{self.path}: write failed: {exc}")
                     error.__cause__ = exc
                 sqlite_file.settle(batch, [error] * len(batch))
-            if closing is not None:
+            if closing is not None and closing.kind == sqlite_file.SNAPSHOT:
+                error = None
+                try:
+                    closing.payload.pin(self.path)
+                except sqlite3.Error as exc:
+                    error = BindingStoreError(f"{self.path}: cannot pin a snapshot: {exc}")
+                sqlite_file.settle([closing], [error])
+            elif closing is not None:
                 error = None
                 try:
                     conn.executescript("PRAGMA incremental_vacuum;")  # to completion
@@ -193,6 +220,16 @@ def _retrieve(future: asyncio.Future[None]) -> None:
     """Mark a failure as seen: deletes are fire-and-forget and their errors are logged."""
     if not future.cancelled():
         future.exception()
+
+
+def _both(local: asyncio.Future[None], shipped: asyncio.Future[None]) -> asyncio.Future[None]:
+    """Resolves once both have; fails with the first failure."""
+
+    async def wait() -> None:
+        await local
+        await shipped
+
+    return asyncio.ensure_future(wait())
 
 
 def _failed(error: BaseException) -> asyncio.Future[None]:

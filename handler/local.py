@@ -190,6 +190,11 @@ class LocalHandler(GroupingHandler):
         if self.arbiter.lookup(*key) is binding:
             self.arbiter.unbind(*key)
 
+    @property
+    def bindings_store(self) -> BindingStore | None:
+        """The bindings file once started (ha: the primary replicates it)."""
+        return self._store
+
     def _require(self) -> BindingStore:
         if self._store is None:
             raise HandlerUnavailable("the LOCAL grouping handler is not running")

@@ -30,13 +30,16 @@ from broker.sending import LocalSendPath, SendPath
 from cluster.admin import ClusterAdministration
 from cluster.claims import GroupClaims
 from cluster.node import ClusterNode
+from cluster.replication import Replicator
 from cluster.sending import ClusteredSendPath
 from cluster.topology import Topology
 from handler.api import Binding, GroupingHandler, RemovalReason
 from handler.bindings import BindingStoreError
 from handler.factory import make_handler
+from handler.local import LocalHandler
 from pinmq.grpc_api import make_server, mark_serving
 from pinmq.http import HttpServer
+from pinmq.standby import Standby
 from pinmq.stomp.server import StompServer
 
 REDISTRIBUTE_S = 0.5  # queues without consumers hand ungrouped messages on this often
@@ -185,6 +188,7 @@ class Node:
                 await self.stop(0)
                 raise StartupError(str(err)) from None
             cluster.add_servicer(handler.add_to_server)
+            self._replicate(cluster, handler)
             handler.on_removed(self._binding_removed)
             if self.claims is not None:
                 handler.on_removed(self.claims.removed)
@@ -204,6 +208,16 @@ class Node:
         except OSError as err:
             await self.stop(0)
             raise StartupError(str(err)) from None
+
+    def _replicate(self, cluster: ClusterNode, handler: GroupingHandler) -> None:
+        """ha primary: every write of the store and the bindings goes to the backup too."""
+        ha = self.config.ha
+        if ha is None or ha.role != "primary" or not isinstance(handler, LocalHandler):
+            return
+        bindings = handler.bindings_store
+        assert bindings is not None  # started
+        sources = {"store": self.engine.store, "bindings": bindings}
+        cluster.replicator = Replicator(self.config.node.id, sources, ha.failure_timeout)
 
     async def _redistribute_loop(self) -> None:
         assert isinstance(self.sending, ClusteredSendPath)
@@ -293,13 +307,23 @@ class Node:
             peers=peers,
             problems=self.problems,
             resources=self.engine.resources(),
+            ha=self._ha_status(),
         )
+
+    def _ha_status(self) -> dict[str, Any] | None:
+        ha, cluster = self.config.ha, self.cluster
+        if ha is None:
+            return None
+        replicator = cluster.replicator if cluster is not None else None
+        return {"role": ha.role, **(replicator.status() if replicator is not None else {})}
 
 
 async def serve(config: NodeConfig) -> int:
     """Run a node until SIGTERM/SIGINT (exit 0) or a fatal error (exit 1)."""
     loop = asyncio.get_running_loop()
-    node = Node(config)
+    node: Node | Standby = Node(config)
+    if config.ha is not None and config.ha.role == "backup":
+        node = Standby(config)
     try:
         await node.start()
     except StartupError as err:

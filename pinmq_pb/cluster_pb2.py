@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16pinmq_pb/cluster.proto\x12\x10pinmq.cluster.v1\"B\n\rQueueInstance\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x11\n\tconsumers\x18\x03 \x01(\r\"\xd5\x01\n\tNodeState\x12\x14\n\x0c\x63luster_name\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x17\n\x0f\x63luster_address\x18\x03 \x01(\t\x12.\n\x07handler\x18\x04 \x01(\x0e\x32\x1d.pinmq.cluster.v1.HandlerType\x12\x32\n\tinstances\x18\x05 \x03(\x0b\x32\x1f.pinmq.cluster.v1.QueueInstance\x12\x13\n\x0bincarnation\x18\x06 \x01(\x04\x12\x0f\n\x07version\x18\x07 \x01(\x04\"\x10\n\x0eInspectRequest\"t\n\x08NodeInfo\x12*\n\x05state\x18\x01 \x01(\x0b\x32\x1b.pinmq.cluster.v1.NodeState\x12\x11\n\tconnected\x18\x02 \x01(\x08\x12\r\n\x05local\x18\x03 \x01(\x08\x12\x1a\n\x12\x64own_since_unix_ms\x18\x04 \x01(\x03\"_\n\x0fInspectResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12)\n\x05nodes\x18\x02 \x03(\x0b\x32\x1a.pinmq.cluster.v1.NodeInfo\x12\x10\n\x08problems\x18\x03 \x03(\t\"\xd3\x01\n\x10\x46orwardedMessage\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0c\n\x04\x62ody\x18\x04 \x01(\x0c\x12@\n\x07headers\x18\x05 \x03(\x0b\x32/.pinmq.cluster.v1.ForwardedMessage.HeadersEntry\x12\x12\n\npersistent\x18\x06 \x01(\x08\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x7f\n\x0c\x46orwardBatch\x12\x0e\n\x06origin\x18\x01 \x01(\t\x12\x14\n\x0corigin_store\x18\x02 \x01(\x04\x12\x13\n\x0btarget_node\x18\x03 \x01(\t\x12\x34\n\x08messages\x18\x04 \x03(\x0b\x32\".pinmq.cluster.v1.ForwardedMessage\"\x19\n\nForwardAck\x12\x0b\n\x03seq\x18\x01 \x01(\x04\"-\n\rGroupsRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\"\x97\x01\n\x08GroupRow\x12\r\n\x05queue\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\x19\n\x11owner_consumer_id\x18\x03 \x01(\t\x12\x12\n\nowner_name\x18\x04 \x01(\t\x12\x0f\n\x07pending\x18\x05 \x01(\x04\x12\x13\n\x0boutstanding\x18\x06 \x01(\x04\x12\x18\n\x10last_use_unix_ms\x18\x07 \x01(\x03\"J\n\x0bGroupsReply\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12*\n\x06groups\x18\x02 \x03(\x0b\x32\x1a.pinmq.cluster.v1.GroupRow*F\n\x0bHandlerType\x12\x10\n\x0cHANDLER_NONE\x10\x00\x12\x11\n\rHANDLER_LOCAL\x10\x01\x12\x12\n\x0eHANDLER_REMOTE\x10\x02\x32\xb8\x02\n\x07\x43luster\x12\x46\n\x06Gossip\x12\x1b.pinmq.cluster.v1.NodeState\x1a\x1b.pinmq.cluster.v1.NodeState(\x01\x30\x01\x12K\n\x07\x46orward\x12\x1e.pinmq.cluster.v1.ForwardBatch\x1a\x1c.pinmq.cluster.v1.ForwardAck(\x01\x30\x01\x12N\n\x07Inspect\x12 .pinmq.cluster.v1.InspectRequest\x1a!.pinmq.cluster.v1.InspectResponse\x12H\n\x06Groups\x12\x1f.pinmq.cluster.v1.GroupsRequest\x1a\x1d.pinmq.cluster.v1.GroupsReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16pinmq_pb/cluster.proto\x12\x10pinmq.cluster.v1\"B\n\rQueueInstance\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x11\n\tconsumers\x18\x03 \x01(\r\"\xd5\x01\n\tNodeState\x12\x14\n\x0c\x63luster_name\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x17\n\x0f\x63luster_address\x18\x03 \x01(\t\x12.\n\x07handler\x18\x04 \x01(\x0e\x32\x1d.pinmq.cluster.v1.HandlerType\x12\x32\n\tinstances\x18\x05 \x03(\x0b\x32\x1f.pinmq.cluster.v1.QueueInstance\x12\x13\n\x0bincarnation\x18\x06 \x01(\x04\x12\x0f\n\x07version\x18\x07 \x01(\x04\"\x10\n\x0eInspectRequest\"t\n\x08NodeInfo\x12*\n\x05state\x18\x01 \x01(\x0b\x32\x1b.pinmq.cluster.v1.NodeState\x12\x11\n\tconnected\x18\x02 \x01(\x08\x12\r\n\x05local\x18\x03 \x01(\x08\x12\x1a\n\x12\x64own_since_unix_ms\x18\x04 \x01(\x03\"_\n\x0fInspectResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12)\n\x05nodes\x18\x02 \x03(\x0b\x32\x1a.pinmq.cluster.v1.NodeInfo\x12\x10\n\x08problems\x18\x03 \x03(\t\"\xd3\x01\n\x10\x46orwardedMessage\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0c\n\x04\x62ody\x18\x04 \x01(\x0c\x12@\n\x07headers\x18\x05 \x03(\x0b\x32/.pinmq.cluster.v1.ForwardedMessage.HeadersEntry\x12\x12\n\npersistent\x18\x06 \x01(\x08\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x7f\n\x0c\x46orwardBatch\x12\x0e\n\x06origin\x18\x01 \x01(\t\x12\x14\n\x0corigin_store\x18\x02 \x01(\x04\x12\x13\n\x0btarget_node\x18\x03 \x01(\t\x12\x34\n\x08messages\x18\x04 \x03(\x0b\x32\".pinmq.cluster.v1.ForwardedMessage\"\x19\n\nForwardAck\x12\x0b\n\x03seq\x18\x01 \x01(\x04\"-\n\rGroupsRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\"\x97\x01\n\x08GroupRow\x12\r\n\x05queue\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\x19\n\x11owner_consumer_id\x18\x03 \x01(\t\x12\x12\n\nowner_name\x18\x04 \x01(\t\x12\x0f\n\x07pending\x18\x05 \x01(\x04\x12\x13\n\x0boutstanding\x18\x06 \x01(\x04\x12\x18\n\x10last_use_unix_ms\x18\x07 \x01(\x03\"J\n\x0bGroupsReply\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12*\n\x06groups\x18\x02 \x03(\x0b\x32\x1a.pinmq.cluster.v1.GroupRow\"]\n\rReplicaReport\x12/\n\x05hello\x18\x01 \x01(\x0b\x32\x1e.pinmq.cluster.v1.ReplicaHelloH\x00\x12\x11\n\x07\x64urable\x18\x02 \x01(\x04H\x00\x42\x08\n\x06report\"\x1f\n\x0cReplicaHello\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"\xdb\x01\n\x10ReplicationFrame\x12\x30\n\x05\x62\x65gin\x18\x01 \x01(\x0b\x32\x1f.pinmq.cluster.v1.SnapshotBeginH\x00\x12.\n\x04rows\x18\x02 \x01(\x0b\x32\x1e.pinmq.cluster.v1.SnapshotRowsH\x00\x12,\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x1d.pinmq.cluster.v1.SnapshotEndH\x00\x12.\n\x03ops\x18\x04 \x01(\x0b\x32\x1f.pinmq.cluster.v1.ReplicatedOpsH\x00\x42\x07\n\x05\x66rame\"-\n\rSnapshotBegin\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0f\n\x07primary\x18\x02 \x01(\t\"9\n\x0cSnapshotRows\x12\x0c\n\x04\x66ile\x18\x01 \x01(\t\x12\r\n\x05table\x18\x02 \x01(\t\x12\x0c\n\x04rows\x18\x03 \x01(\x0c\"\r\n\x0bSnapshotEnd\"H\n\x0cReplicatedOp\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0c\n\x04\x66ile\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\x05\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\"<\n\rReplicatedOps\x12+\n\x03ops\x18\x01 \x03(\x0b\x32\x1e.pinmq.cluster.v1.ReplicatedOp*F\n\x0bHandlerType\x12\x10\n\x0cHANDLER_NONE\x10\x00\x12\x11\n\rHANDLER_LOCAL\x10\x01\x12\x12\n\x0eHANDLER_REMOTE\x10\x02\x32\x8e\x03\n\x07\x43luster\x12\x46\n\x06Gossip\x12\x1b.pinmq.cluster.v1.NodeState\x1a\x1b.pinmq.cluster.v1.NodeState(\x01\x30\x01\x12K\n\x07\x46orward\x12\x1e.pinmq.cluster.v1.ForwardBatch\x1a\x1c.pinmq.cluster.v1.ForwardAck(\x01\x30\x01\x12N\n\x07Inspect\x12 .pinmq.cluster.v1.InspectRequest\x1a!.pinmq.cluster.v1.InspectResponse\x12H\n\x06Groups\x12\x1f.pinmq.cluster.v1.GroupsRequest\x1a\x1d.pinmq.cluster.v1.GroupsReply\x12T\n\tReplicate\x12\x1f.pinmq.cluster.v1.ReplicaReport\x1a\".pinmq.cluster.v1.ReplicationFrame(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_FORWARDEDMESSAGE_HEADERSENTRY']._loaded_options = None
   _globals['_FORWARDEDMESSAGE_HEADERSENTRY']._serialized_options = b'8\001'
-  _globals['_HANDLERTYPE']._serialized_start=1208
-  _globals['_HANDLERTYPE']._serialized_end=1278
+  _globals['_HANDLERTYPE']._serialized_start=1815
+  _globals['_HANDLERTYPE']._serialized_end=1885
   _globals['_QUEUEINSTANCE']._serialized_start=44
   _globals['_QUEUEINSTANCE']._serialized_end=110
   _globals['_NODESTATE']._serialized_start=113
@@ -59,6 +59,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GROUPROW']._serialized_end=1130
   _globals['_GROUPSREPLY']._serialized_start=1132
   _globals['_GROUPSREPLY']._serialized_end=1206
-  _globals['_CLUSTER']._serialized_start=1281
-  _globals['_CLUSTER']._serialized_end=1593
+  _globals['_REPLICAREPORT']._serialized_start=1208
+  _globals['_REPLICAREPORT']._serialized_end=1301
+  _globals['_REPLICAHELLO']._serialized_start=1303
+  _globals['_REPLICAHELLO']._serialized_end=1334
+  _globals['_REPLICATIONFRAME']._serialized_start=1337
+  _globals['_REPLICATIONFRAME']._serialized_end=1556
+  _globals['_SNAPSHOTBEGIN']._serialized_start=1558
+  _globals['_SNAPSHOTBEGIN']._serialized_end=1603
+  _globals['_SNAPSHOTROWS']._serialized_start=1605
+  _globals['_SNAPSHOTROWS']._serialized_end=1662
+  _globals['_SNAPSHOTEND']._serialized_start=1664
+  _globals['_SNAPSHOTEND']._serialized_end=1677
+  _globals['_REPLICATEDOP']._serialized_start=1679
+  _globals['_REPLICATEDOP']._serialized_end=1751
+  _globals['_REPLICATEDOPS']._serialized_start=1753
+  _globals['_REPLICATEDOPS']._serialized_end=1813
+  _globals['_CLUSTER']._serialized_start=1888
+  _globals['_CLUSTER']._serialized_end=2286
 # @@protoc_insertion_point(module_scope)

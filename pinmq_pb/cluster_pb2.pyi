@@ -144,3 +144,69 @@ class GroupsReply(_message.Message):
     node_id: str
     groups: _containers.RepeatedCompositeFieldContainer[GroupRow]
     def __init__(self, node_id: _Optional[str] = ..., groups: _Optional[_Iterable[_Union[GroupRow, _Mapping]]] = ...) -> None: ...
+
+class ReplicaReport(_message.Message):
+    __slots__ = ("hello", "durable")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    DURABLE_FIELD_NUMBER: _ClassVar[int]
+    hello: ReplicaHello
+    durable: int
+    def __init__(self, hello: _Optional[_Union[ReplicaHello, _Mapping]] = ..., durable: _Optional[int] = ...) -> None: ...
+
+class ReplicaHello(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class ReplicationFrame(_message.Message):
+    __slots__ = ("begin", "rows", "end", "ops")
+    BEGIN_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    OPS_FIELD_NUMBER: _ClassVar[int]
+    begin: SnapshotBegin
+    rows: SnapshotRows
+    end: SnapshotEnd
+    ops: ReplicatedOps
+    def __init__(self, begin: _Optional[_Union[SnapshotBegin, _Mapping]] = ..., rows: _Optional[_Union[SnapshotRows, _Mapping]] = ..., end: _Optional[_Union[SnapshotEnd, _Mapping]] = ..., ops: _Optional[_Union[ReplicatedOps, _Mapping]] = ...) -> None: ...
+
+class SnapshotBegin(_message.Message):
+    __slots__ = ("seq", "primary")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    PRIMARY_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    primary: str
+    def __init__(self, seq: _Optional[int] = ..., primary: _Optional[str] = ...) -> None: ...
+
+class SnapshotRows(_message.Message):
+    __slots__ = ("file", "table", "rows")
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    file: str
+    table: str
+    rows: bytes
+    def __init__(self, file: _Optional[str] = ..., table: _Optional[str] = ..., rows: _Optional[bytes] = ...) -> None: ...
+
+class SnapshotEnd(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReplicatedOp(_message.Message):
+    __slots__ = ("seq", "file", "kind", "payload")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    file: str
+    kind: int
+    payload: bytes
+    def __init__(self, seq: _Optional[int] = ..., file: _Optional[str] = ..., kind: _Optional[int] = ..., payload: _Optional[bytes] = ...) -> None: ...
+
+class ReplicatedOps(_message.Message):
+    __slots__ = ("ops",)
+    OPS_FIELD_NUMBER: _ClassVar[int]
+    ops: _containers.RepeatedCompositeFieldContainer[ReplicatedOp]
+    def __init__(self, ops: _Optional[_Iterable[_Union[ReplicatedOp, _Mapping]]] = ...) -> None: ...

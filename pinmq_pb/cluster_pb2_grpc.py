@@ -54,6 +54,11 @@ class ClusterStub:
                 request_serializer=pinmq__pb_dot_cluster__pb2.GroupsRequest.SerializeToString,
                 response_deserializer=pinmq__pb_dot_cluster__pb2.GroupsReply.FromString,
                 _registered_method=True)
+        self.Replicate = channel.stream_stream(
+                '/pinmq.cluster.v1.Cluster/Replicate',
+                request_serializer=pinmq__pb_dot_cluster__pb2.ReplicaReport.SerializeToString,
+                response_deserializer=pinmq__pb_dot_cluster__pb2.ReplicationFrame.FromString,
+                _registered_method=True)
 
 
 class ClusterServicer:
@@ -87,6 +92,15 @@ class ClusterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Replicate(self, request_iterator, context):
+        """ha: a backup follows its primary. The backup says hello, the primary answers with a
+        snapshot of its stores, then every write request it makes, in order; the backup reports
+        the highest sequence it holds durably, and the primary's writes wait for it once in sync.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClusterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -109,6 +123,11 @@ def add_ClusterServicer_to_server(servicer, server):
                     servicer.Groups,
                     request_deserializer=pinmq__pb_dot_cluster__pb2.GroupsRequest.FromString,
                     response_serializer=pinmq__pb_dot_cluster__pb2.GroupsReply.SerializeToString,
+            ),
+            'Replicate': grpc.stream_stream_rpc_method_handler(
+                    servicer.Replicate,
+                    request_deserializer=pinmq__pb_dot_cluster__pb2.ReplicaReport.FromString,
+                    response_serializer=pinmq__pb_dot_cluster__pb2.ReplicationFrame.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -219,6 +238,33 @@ class Cluster:
             '/pinmq.cluster.v1.Cluster/Groups',
             pinmq__pb_dot_cluster__pb2.GroupsRequest.SerializeToString,
             pinmq__pb_dot_cluster__pb2.GroupsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Replicate(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/pinmq.cluster.v1.Cluster/Replicate',
+            pinmq__pb_dot_cluster__pb2.ReplicaReport.SerializeToString,
+            pinmq__pb_dot_cluster__pb2.ReplicationFrame.FromString,
             options,
             channel_credentials,
             insecure,

@@ -330,3 +330,43 @@ def test_id_cache_size_defaults_to_20000_and_0_turns_detection_off() -> None:
     )
     text = error_text("node: {id: n1}\nlimits: {id-cache-size: many}")
     assert text == "deploy/n.yaml: limits.id-cache-size: got 'many', expected a valid integer"
+
+
+HA_BASE = """
+node: {id: node1}
+cluster: {connectors: ["127.0.0.1:7702"]}
+grouping-handler: {type: LOCAL}
+"""
+
+
+def test_ha_section_for_a_primary_and_a_backup() -> None:
+    primary = parse_config(HA_BASE + "ha: {role: primary}", "p.yaml")
+    assert primary.ha is not None and primary.ha.role == "primary"
+    assert (primary.ha.heartbeat_interval, primary.ha.failure_timeout) == (200, 1000)
+    assert primary.ha.allow_failback is False
+    backup = parse_config(
+        HA_BASE + "ha: {role: backup, primary: '127.0.0.1:7701', allow-failback: true}", "b.yaml"
+    )
+    assert backup.ha is not None and backup.ha.primary == "127.0.0.1:7701"
+    assert parse_config(HA_BASE, "none.yaml").ha is None  # without it: as before
+
+
+@pytest.mark.parametrize(
+    ("ha", "expected"),
+    [
+        ("{role: backup}", "a backup needs ha.primary"),
+        ("{role: primary, primary: '127.0.0.1:7701'}", "ha.primary is for a backup"),
+        ("{role: primary, heartbeat-interval: 600}", "must be at least twice"),
+        ("{role: leader}", "ha.role"),
+    ],
+)
+def test_ha_section_mistakes_are_named(ha: str, expected: str) -> None:
+    problems = error_text(HA_BASE + f"ha: {ha}", "n.yaml")
+    assert expected in problems
+
+
+def test_ha_only_on_the_local_node() -> None:
+    text = "node: {id: n2}\ncluster: {connectors: []}\ngrouping-handler: {type: REMOTE}\n"
+    assert "only the LOCAL node has a primary and a backup" in error_text(
+        text + "ha: {role: primary}", "n2.yaml"
+    )

@@ -1,0 +1,229 @@
+"""ha, the primary's side of replication: every store write goes to the backup, in order.
+
+The primary's two SQLite files (the message store and the bindings) hand every write request
+to `Replicator` through their `tap`, in the order they apply it. A backup that connects
+(`Cluster.Replicate`) first gets a snapshot: a SNAPSHOT request is enqueued in each file at
+one sequence number, so each pins a read of exactly the writes up to it; the rows stream from
+those reads while later writes queue for the backup behind them. Once the backup has the
+snapshot on disk and is at most `SYNC_LAG` requests behind (or has everything, when idle),
+every new write waits until the backup reports it durable too, and the backup counts as in
+sync once it holds every write before the first that waited.
+
+A backup that is gone, or does not confirm a write within `failure-timeout`, is dropped: the
+waiting writes complete and the primary carries on alone (logged, and in health).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from typing import Any, Protocol
+
+import msgpack
+import structlog
+from grpc import aio
+
+from broker.sqlite_file import Pinned
+from pinmq_pb import cluster_pb2 as pb
+
+log = structlog.get_logger(__name__)
+
+SYNC_LAG = 1000  # requests behind at most when writes start waiting for the backup
+ROWS_PER_FRAME = 1000
+OPS_PER_FRAME = 500
+MAX_QUEUED_BYTES = 256 * 1024 * 1024  # a backup further behind than that is dropped
+
+
+class Source(Protocol):
+    """A file the primary replicates: `broker.store.Store`, `handler.bindings.BindingStore`."""
+
+    TABLES: tuple[str, ...]  # copied to a backup that catches up
+    tap: Callable[[int, Any], asyncio.Future[None] | None] | None
+
+    def snapshot(self) -> tuple[Pinned, asyncio.Future[None]]: ...
+
+
+class BackupLost(Exception):
+    """The backup went away or fell behind; the message says why."""
+
+
+class _Backup:
+    """One connected backup: what it must still get, what it holds, and who waits for it."""
+
+    def __init__(self, node_id: str, after: int, timeout_s: float) -> None:
+        self.node_id = node_id
+        self.after = after  # the snapshot holds every write up to this sequence
+        self.durable = 0  # highest sequence the backup holds on disk (after the snapshot)
+        self.timeout_s = timeout_s
+        self.queue: deque[pb.ReplicatedOp] = deque()
+        self.queued_bytes = 0
+        self.ready = asyncio.Event()  # something queued
+        self.latest = after  # highest sequence shipped to it
+        self.synced_at: int | None = None  # every write after this sequence waits for it
+        self.waiting: deque[tuple[int, asyncio.Future[None], float]] = deque()
+        self.lost: BackupLost | None = None
+
+    @property
+    def in_sync(self) -> bool:
+        """It holds every write up to where writes began to wait for it."""
+        return self.synced_at is not None and self.durable >= self.synced_at
+
+    def ship(self, op: pb.ReplicatedOp) -> asyncio.Future[None] | None:
+        if self.lost is not None:
+            return None
+        self.queue.append(op)
+        self.queued_bytes += len(op.payload)
+        self.ready.set()
+        if self.queued_bytes > MAX_QUEUED_BYTES:
+            self.drop(f"more than {MAX_QUEUED_BYTES >> 20} MiB behind")
+            return None
+        self.latest = op.seq
+        caught_up = self.durable >= self.after and op.seq - self.durable <= SYNC_LAG
+        if self.synced_at is None and caught_up:
+            self.synced_at = op.seq - 1
+        if self.synced_at is None:
+            return None
+        future = asyncio.get_running_loop().create_future()
+        self.waiting.append((op.seq, future, time.monotonic()))
+        return future
+
+    def confirmed(self, durable: int) -> None:
+        was = self.in_sync
+        self.durable = max(self.durable, durable)
+        if self.synced_at is None and self.durable >= self.latest:
+            self.synced_at = self.latest  # idle and caught up: later writes wait for it
+        while self.waiting and self.waiting[0][0] <= self.durable:
+            _, future, _ = self.waiting.popleft()
+            if not future.done():
+                future.set_result(None)
+        if self.in_sync and not was:
+            log.info("backup in sync", backup=self.node_id, seq=self.durable)
+
+    def overdue(self, now: float) -> bool:
+        return bool(self.waiting) and now - self.waiting[0][2] > self.timeout_s
+
+    def drop(self, reason: str) -> None:
+        """Stop waiting for it: the writes that waited complete, the primary goes on alone."""
+        if self.lost is not None:
+            return
+        self.lost = BackupLost(reason)
+        log.error("backup lost: carrying on without it", backup=self.node_id, reason=reason)
+        while self.waiting:
+            _, future, _ = self.waiting.popleft()
+            if not future.done():
+                future.set_result(None)
+        self.ready.set()
+
+    def take(self) -> list[pb.ReplicatedOp]:
+        ops = []
+        while self.queue and len(ops) < OPS_PER_FRAME:
+            op = self.queue.popleft()
+            self.queued_bytes -= len(op.payload)
+            ops.append(op)
+        if not self.queue:
+            self.ready.clear()
+        return ops
+
+
+class Replicator:
+    """The primary's replication: taps its store files and serves one backup at a time."""
+
+    def __init__(
+        self, node_id: str, sources: Mapping[str, Source], failure_timeout_ms: int
+    ) -> None:
+        self.node_id = node_id
+        self.sources = dict(sources)
+        self.timeout_s = failure_timeout_ms / 1000
+        self.seq = 0
+        self.backup: _Backup | None = None
+        for name, source in self.sources.items():
+            source.tap = self._tap(name)
+
+    def _tap(self, file: str) -> Callable[[int, Any], asyncio.Future[None] | None]:
+        def ship(kind: int, payload: Any) -> asyncio.Future[None] | None:
+            self.seq += 1
+            backup = self.backup
+            if backup is None:
+                return None
+            data = msgpack.packb(payload, use_bin_type=True)
+            return backup.ship(pb.ReplicatedOp(seq=self.seq, file=file, kind=kind, payload=data))
+
+        return ship
+
+    def status(self) -> dict[str, Any]:
+        """For health: the backup, whether it is in sync, how far behind it is."""
+        backup = self.backup
+        if backup is None or backup.lost is not None:
+            return {"backup": None, "backup_in_sync": False}
+        return {
+            "backup": backup.node_id,
+            "backup_in_sync": backup.in_sync,
+            "backup_behind": self.seq - max(backup.durable, backup.after),
+        }
+
+    async def serve(
+        self, reports: AsyncIterator[pb.ReplicaReport], context: aio.ServicerContext
+    ) -> None:
+        """The `Cluster.Replicate` stream of one backup: snapshot, then every write."""
+        first = await anext(aiter(reports), None)
+        if first is None or first.WhichOneof("report") != "hello":
+            return
+        if self.backup is not None:
+            self.backup.drop("replaced by a new connection of the backup")
+        pins = {name: source.snapshot() for name, source in self.sources.items()}
+        backup = self.backup = _Backup(first.hello.node_id, self.seq, self.timeout_s)
+        log.info("backup connected: sending a snapshot", backup=backup.node_id, seq=backup.after)
+        receiving = asyncio.ensure_future(self._receive(backup, reports))
+        watching = asyncio.ensure_future(self._watch(backup))
+        try:
+            await context.write(
+                pb.ReplicationFrame(begin=pb.SnapshotBegin(seq=backup.after, primary=self.node_id))
+            )
+            for name, (pinned, pinning) in pins.items():
+                await pinning
+                try:
+                    await self._send_rows(context, name, pinned)
+                finally:
+                    pinned.close()
+            await context.write(pb.ReplicationFrame(end=pb.SnapshotEnd()))
+            while backup.lost is None:
+                await backup.ready.wait()
+                ops = backup.take()
+                if ops:
+                    await context.write(pb.ReplicationFrame(ops=pb.ReplicatedOps(ops=ops)))
+        except (asyncio.CancelledError, aio.AioRpcError, ConnectionError) as err:
+            backup.drop(f"stream ended: {err!r}")
+            raise
+        finally:
+            for pinned, _ in pins.values():
+                pinned.close()
+            receiving.cancel()
+            watching.cancel()
+            backup.drop("stream ended")
+            if self.backup is backup:
+                self.backup = None
+
+    async def _send_rows(self, context: aio.ServicerContext, file: str, pinned: Pinned) -> None:
+        for table in self.sources[file].TABLES:
+            chunks: Iterator[list[tuple[Any, ...]]] = pinned.rows(table, ROWS_PER_FRAME)
+            while (rows := await asyncio.to_thread(next, chunks, None)) is not None:
+                data = msgpack.packb(rows, use_bin_type=True)
+                frame = pb.SnapshotRows(file=file, table=table, rows=data)
+                await context.write(pb.ReplicationFrame(rows=frame))
+
+    async def _receive(self, backup: _Backup, reports: AsyncIterator[pb.ReplicaReport]) -> None:
+        try:
+            async for report in reports:
+                if report.WhichOneof("report") == "durable":
+                    backup.confirmed(report.durable)
+        except aio.AioRpcError:
+            pass
+        backup.drop("the backup closed the stream")
+
+    async def _watch(self, backup: _Backup) -> None:
+        while backup.lost is None:
+            await asyncio.sleep(min(0.1, self.timeout_s / 4))
+            if backup.overdue(time.monotonic()):
+                backup.drop(f"no confirmation within {self.timeout_s * 1000:.0f} ms")
