@@ -1,4 +1,5 @@
-# Two set-up commands for a fresh machine: `make up` (the three-node cluster) and `make test`.
+# Two set-up commands for a fresh machine: `make up` (the cluster: node1 and its backup, node2,
+# node3) and `make test`.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -15,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 up: $(STAMP)
-	$(BIN)/pinmq up deploy/node1.yaml deploy/node2.yaml deploy/node3.yaml
+	$(BIN)/pinmq up deploy/node1.yaml deploy/node1-backup.yaml deploy/node2.yaml deploy/node3.yaml
 
 down: $(STAMP)
 	$(BIN)/pinmq down

@@ -499,10 +499,11 @@ class Member(Voter):
 
     def status(self, now: int) -> dict[str, object]:
         """What health and logs say about this member."""
+        active = self.role is Role.ACTIVE
         return {
             "role": self.role.value,
             "epoch": self.epoch,
             "serving": self.may_serve(now),
-            "active": self.name if self.role is Role.ACTIVE else self.active,
-            "backup-in-sync": self.backup_in_sync if self.role is Role.ACTIVE else self.in_sync,
+            "active": self.name if active else self.active,
+            **({"backup_in_sync": self.backup_in_sync} if active else {"in_sync": self.in_sync}),
         }

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from grpc import aio
 
@@ -32,6 +33,7 @@ from cluster.bridge import (
     sf_queue,
 )
 from cluster.connector import SERVER_OPTIONS, GossipLink, run_connector
+from cluster.ha import PairShell, VoterRegistry
 from cluster.local import LocalNode
 from cluster.replication import Replicator
 from cluster.routing import Router
@@ -66,6 +68,8 @@ class ClusterNode:
         self.receiver = ForwardReceiver(self)
         self.admission: Admission | None = None  # set by the node when grouping is on
         self.replicator: Replicator | None = None  # set by the node of an ha primary
+        self.pair: PairShell | None = None  # set when this node is an ha pair's active process
+        self.voters = VoterRegistry(Path(node.config.node.data_dir))  # votes for ha pairs
         self.store_id = 0
         self._incarnation = time.time_ns()
         self._version = 0

@@ -15,7 +15,7 @@ import contextlib
 import os
 import sqlite3
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +37,29 @@ SYNC_SUFFIX = ".sync"  # a snapshot being received, beside the file it will repl
 
 
 class Follower:
-    """Follows one primary into `data_dir`; `run` until cancelled, then `close`."""
+    """Follows one primary into `data_dir`; `run` until cancelled, then `close`.
 
-    def __init__(self, node_id: str, primary: str, data_dir: Path, retry_s: float) -> None:
+    `on_synced(epoch)` hears when a snapshot of the active of that epoch is on disk,
+    `on_broken()` when the stream broke off (a catch-up is needed again).
+    """
+
+    def __init__(
+        self,
+        node_id: str,
+        primary: str,
+        data_dir: Path,
+        retry_s: float,
+        *,
+        cluster_address: str = "",
+        on_synced: Callable[[int], None] | None = None,
+        on_broken: Callable[[], None] | None = None,
+    ) -> None:
         self.node_id = node_id
         self.primary = primary
         self.retry_s = retry_s
+        self.cluster_address = cluster_address
+        self.on_synced = on_synced
+        self.on_broken = on_broken
         self.paths = {"store": data_dir / STORE_FILE, "bindings": data_dir / BINDINGS_FILE}
         self.state = "connecting"  # connecting | receiving snapshot | following
         self.primary_id: str | None = None
@@ -67,6 +84,8 @@ class Follower:
                     "replication from the primary broke off", primary=self.primary, error=detail
                 )
             self.state = "connecting"
+            if self.on_broken is not None:
+                self.on_broken()
             await self._close_bulk()
             await asyncio.sleep(self.retry_s)
 
@@ -84,7 +103,7 @@ class Follower:
             call = pb_grpc.ClusterStub(channel).Replicate(self._reports(reports))
             confirming = asyncio.ensure_future(self._confirm(applied, woken, reports))
             try:
-                after = 0
+                after = epoch = 0
                 async for frame in call:
                     kind = frame.WhichOneof("frame")
                     if kind == "ops":
@@ -93,7 +112,7 @@ class Follower:
                     elif kind == "rows":
                         await self._rows(frame.rows)
                     elif kind == "begin":
-                        after = frame.begin.seq
+                        after, epoch = frame.begin.seq, frame.begin.epoch
                         self.primary_id = frame.begin.primary
                         await self._begin()
                     elif kind == "end":
@@ -106,13 +125,16 @@ class Follower:
                             seq=after,
                         )
                         reports.put_nowait(pb.ReplicaReport(durable=after))
+                        if self.on_synced is not None:
+                            self.on_synced(epoch)
             finally:
                 confirming.cancel()
 
     async def _reports(
         self, reports: asyncio.Queue[pb.ReplicaReport]
     ) -> AsyncIterator[pb.ReplicaReport]:
-        yield pb.ReplicaReport(hello=pb.ReplicaHello(node_id=self.node_id))
+        hello = pb.ReplicaHello(node_id=self.node_id, cluster_address=self.cluster_address)
+        yield pb.ReplicaReport(hello=hello)
         while True:
             yield await reports.get()
 

@@ -49,11 +49,35 @@ class BackupLost(Exception):
     """The backup went away or fell behind; the message says why."""
 
 
+class Gate(Protocol):
+    """What replication asks of the failover shell (cluster/ha.py `PairShell`)."""
+
+    @property
+    def epoch(self) -> int: ...
+
+    def may_serve(self) -> bool: ...
+
+    def admit_alone(self) -> asyncio.Future[None] | None: ...
+
+    def backup_synced(self) -> None: ...
+
+    def backup_lost(self) -> None: ...
+
+    def peer_is(self, name: str, address: str) -> None: ...
+
+
+class NotServing(Exception):
+    """A write came after this process stopped holding the logical node: it is refused."""
+
+
 class _Backup:
     """One connected backup: what it must still get, what it holds, and who waits for it."""
 
-    def __init__(self, node_id: str, after: int, timeout_s: float) -> None:
+    def __init__(
+        self, node_id: str, after: int, timeout_s: float, gate: Gate | None = None
+    ) -> None:
         self.node_id = node_id
+        self.gate = gate
         self.after = after  # the snapshot holds every write up to this sequence
         self.durable = 0  # highest sequence the backup holds on disk (after the snapshot)
         self.timeout_s = timeout_s
@@ -100,6 +124,8 @@ class _Backup:
                 future.set_result(None)
         if self.in_sync and not was:
             log.info("backup in sync", backup=self.node_id, seq=self.durable)
+            if self.gate is not None:
+                self.gate.backup_synced()
 
     def overdue(self, now: float) -> bool:
         return bool(self.waiting) and now - self.waiting[0][2] > self.timeout_s
@@ -110,6 +136,8 @@ class _Backup:
             return
         self.lost = BackupLost(reason)
         log.error("backup lost: carrying on without it", backup=self.node_id, reason=reason)
+        if self.gate is not None:
+            self.gate.backup_lost()
         while self.waiting:
             _, future, _ = self.waiting.popleft()
             if not future.done():
@@ -131,9 +159,14 @@ class Replicator:
     """The primary's replication: taps its store files and serves one backup at a time."""
 
     def __init__(
-        self, node_id: str, sources: Mapping[str, Source], failure_timeout_ms: int
+        self,
+        node_id: str,
+        sources: Mapping[str, Source],
+        failure_timeout_ms: int,
+        gate: Gate | None = None,
     ) -> None:
         self.node_id = node_id
+        self.gate = gate  # ha failover: writes only while serving, alone only once voters know
         self.sources = dict(sources)
         self.timeout_s = failure_timeout_ms / 1000
         self.seq = 0
@@ -144,11 +177,20 @@ class Replicator:
     def _tap(self, file: str) -> Callable[[int, Any], asyncio.Future[None] | None]:
         def ship(kind: int, payload: Any) -> asyncio.Future[None] | None:
             self.seq += 1
-            backup = self.backup
-            if backup is None:
-                return None
-            data = msgpack.packb(payload, use_bin_type=True)
-            return backup.ship(pb.ReplicatedOp(seq=self.seq, file=file, kind=kind, payload=data))
+            gate, backup = self.gate, self.backup
+            if gate is not None and not gate.may_serve():
+                return _failed(NotServing(f"{self.node_id} does not hold its node now"))
+            waiting = None
+            if backup is not None:
+                data = msgpack.packb(payload, use_bin_type=True)
+                op = pb.ReplicatedOp(seq=self.seq, file=file, kind=kind, payload=data)
+                waiting = backup.ship(op)
+            if waiting is None and gate is not None:
+                try:
+                    return gate.admit_alone()  # no backup confirms it: the voters must know
+                except Exception as err:
+                    return _failed(err)
+            return waiting
 
         return ship
 
@@ -172,15 +214,18 @@ class Replicator:
             return
         if self.backup is not None:
             self.backup.drop("replaced by a new connection of the backup")
+        hello = first.hello
+        if self.gate is not None and hello.cluster_address:
+            self.gate.peer_is(hello.node_id, hello.cluster_address)
         pins = {name: source.snapshot() for name, source in self.sources.items()}
-        backup = self.backup = _Backup(first.hello.node_id, self.seq, self.timeout_s)
+        backup = self.backup = _Backup(hello.node_id, self.seq, self.timeout_s, self.gate)
         log.info("backup connected: sending a snapshot", backup=backup.node_id, seq=backup.after)
         receiving = asyncio.ensure_future(self._receive(backup, reports))
         watching = asyncio.ensure_future(self._watch(backup))
         try:
-            await context.write(
-                pb.ReplicationFrame(begin=pb.SnapshotBegin(seq=backup.after, primary=self.node_id))
-            )
+            epoch = self.gate.epoch if self.gate is not None else 0
+            begin = pb.SnapshotBegin(seq=backup.after, primary=self.node_id, epoch=epoch)
+            await context.write(pb.ReplicationFrame(begin=begin))
             for name, (pinned, pinning) in pins.items():
                 await pinning
                 try:
@@ -227,3 +272,9 @@ class Replicator:
             await asyncio.sleep(min(0.1, self.timeout_s / 4))
             if backup.overdue(time.monotonic()):
                 backup.drop(f"no confirmation within {self.timeout_s * 1000:.0f} ms")
+
+
+def _failed(error: BaseException) -> asyncio.Future[None]:
+    future = asyncio.get_running_loop().create_future()
+    future.set_exception(error)
+    return future

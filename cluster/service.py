@@ -12,6 +12,7 @@ from grpc import aio
 from cluster.admin import GroupsHost, node_groups, row_to_pb
 from cluster.bridge import ForwardReceiver
 from cluster.connector import GossipHost, GossipLink, state_to_pb
+from cluster.ha import PairShell, VoterRegistry
 from cluster.replication import Replicator
 from cluster.topology import Topology
 from pinmq_pb import cluster_pb2 as pb
@@ -24,6 +25,8 @@ class ServiceHost(GossipHost, GroupsHost, Protocol):
     receiver: ForwardReceiver
     topology: Topology
     replicator: Replicator | None
+    pair: PairShell | None  # this node is the active process of an ha pair
+    voters: VoterRegistry
 
     def serving(self) -> AbstractContextManager[None]: ...
 
@@ -83,3 +86,11 @@ class ClusterService(pb_grpc.ClusterServicer):
             return
         with self.cluster.serving():
             await replicator.serve(request_iterator, context)
+
+    async def Failover(
+        self, request: pb.FailoverEnvelope, context: aio.ServicerContext
+    ) -> pb.FailoverReplies:
+        pair = self.cluster.pair
+        if pair is not None and request.logical == pair.logical:
+            return pb.FailoverReplies(replies=pair.receive(request))
+        return pb.FailoverReplies(replies=self.cluster.voters.receive(request))

@@ -425,7 +425,7 @@ def _notice(every_s: float = 0.0) -> Callable[[str], None]:
 
 def _run_node(config_path: str) -> int:
     from broker.config import load_config
-    from pinmq.node import run_node
+    from pinmq.process import run_node
 
     return run_node(load_config(config_path))
 

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -51,6 +52,17 @@ def _healthy(url: str) -> bool:
         except grpc.RpcError:
             return False
     return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def _started(cfg: NodeConfig) -> bool:
+    """Serving clients; an ha backup, which serves none while passive: its HTTP answers."""
+    if cfg.ha is not None and cfg.ha.role == "backup":
+        try:
+            with urllib.request.urlopen(f"http://{cfg.listen.http}/healthz", timeout=1.0):
+                return True
+        except OSError:
+            return False
+    return _healthy(cfg.listen.client)
 
 
 def _tail(log: Path, lines: int = 5) -> str:
@@ -94,7 +106,7 @@ def up(config_paths: list[str], run_dir: Path, console: Console) -> int:
                 console.print(_tail(run_dir / f"{node_id}.log"), markup=False)
                 down(run_dir, console, quiet=True)
                 return 1
-            if _healthy(cfg.listen.client):
+            if _started(cfg):
                 del waiting[node_id]
         time.sleep(0.2)
     if waiting:
@@ -126,6 +138,8 @@ def _summary(configs: list[NodeConfig], run_dir: Path, console: Console) -> None
         table.add_column(column)
     for cfg in configs:
         handler = cfg.grouping_handler.type if cfg.grouping_handler else "-"
+        if cfg.ha is not None:
+            handler += f" ({cfg.ha.role})"
         cluster = cfg.listen.cluster if cfg.cluster else "-"
         log = str(run_dir / f"{cfg.node.id}.log")
         listen = cfg.listen

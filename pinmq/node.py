@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import gc
-import signal
 import time
 from collections.abc import Coroutine
 from typing import Any
@@ -29,6 +26,7 @@ from broker.readiness import Readiness, assess
 from broker.sending import LocalSendPath, SendPath
 from cluster.admin import ClusterAdministration
 from cluster.claims import GroupClaims
+from cluster.ha import PairShell
 from cluster.node import ClusterNode
 from cluster.replication import Replicator
 from cluster.sending import ClusteredSendPath
@@ -39,7 +37,6 @@ from handler.factory import make_handler
 from handler.local import LocalHandler
 from pinmq.grpc_api import make_server, mark_serving
 from pinmq.http import HttpServer
-from pinmq.standby import Standby
 from pinmq.stomp.server import StompServer
 
 REDISTRIBUTE_S = 0.5  # queues without consumers hand ungrouped messages on this often
@@ -74,8 +71,9 @@ class _ClusterObserver:
 class Node:
     """One broker node: engine + send path + cluster + grouping handler + servers."""
 
-    def __init__(self, config: NodeConfig) -> None:
+    def __init__(self, config: NodeConfig, pair: PairShell | None = None) -> None:
         self.config = config
+        self.pair = pair  # ha: the failover shell of the pair process this node serves for
         self.engine = engine = Engine(config)
         self.sending: SendPath = LocalSendPath(engine.core)
         self.cluster: ClusterNode | None = None  # set by start() when `cluster` is configured
@@ -168,6 +166,7 @@ class Node:
         """Cluster connections (cluster/), the grouping handler (handler/), the send path."""
         engine = self.engine
         self.cluster = cluster = ClusterNode(engine)
+        cluster.pair = self.pair
         self.handler = make_handler(self.config, cluster.locate_local_handler)
         self.sending = ClusteredSendPath(engine, cluster, self.handler)
         grouping = self.config.grouping_handler
@@ -210,14 +209,15 @@ class Node:
             raise StartupError(str(err)) from None
 
     def _replicate(self, cluster: ClusterNode, handler: GroupingHandler) -> None:
-        """ha primary: every write of the store and the bindings goes to the backup too."""
-        ha = self.config.ha
-        if ha is None or ha.role != "primary" or not isinstance(handler, LocalHandler):
+        """ha, the active process: every write of the store and the bindings goes to the
+        backup too, and only while this process holds the node (`PairShell` is the gate)."""
+        ha, pair = self.config.ha, self.pair
+        if ha is None or pair is None or not isinstance(handler, LocalHandler):
             return
         bindings = handler.bindings_store
         assert bindings is not None  # started
         sources = {"store": self.engine.store, "bindings": bindings}
-        cluster.replicator = Replicator(self.config.node.id, sources, ha.failure_timeout)
+        cluster.replicator = Replicator(self.config.node.id, sources, ha.failure_timeout, pair)
 
     async def _redistribute_loop(self) -> None:
         assert isinstance(self.sending, ClusteredSendPath)
@@ -311,32 +311,11 @@ class Node:
         )
 
     def _ha_status(self) -> dict[str, Any] | None:
-        ha, cluster = self.config.ha, self.cluster
-        if ha is None:
+        cluster, pair = self.cluster, self.pair
+        if pair is None:
             return None
         replicator = cluster.replicator if cluster is not None else None
-        return {"role": ha.role, **(replicator.status() if replicator is not None else {})}
-
-
-async def serve(config: NodeConfig) -> int:
-    """Run a node until SIGTERM/SIGINT (exit 0) or a fatal error (exit 1)."""
-    loop = asyncio.get_running_loop()
-    node: Node | Standby = Node(config)
-    if config.ha is not None and config.ha.role == "backup":
-        node = Standby(config)
-    try:
-        await node.start()
-    except StartupError as err:
-        log.error("cannot start node", error=str(err))
-        return 1
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    stopping = asyncio.ensure_future(stop.wait())
-    await asyncio.wait([stopping, node.failed], return_when=asyncio.FIRST_COMPLETED)
-    stopping.cancel()
-    await node.stop()
-    return 1 if node.failed.done() else 0
+        return {**pair.describe(), **(replicator.status() if replicator is not None else {})}
 
 
 STEP_LIMIT_S = 5.0  # a stop step that takes longer is abandoned (and logged)
@@ -352,35 +331,3 @@ async def _bounded(step: str, stopping: Coroutine[Any, Any, None]) -> None:
         log.warning("stop step did not finish in time: going on without it", step=step)
     elif task.exception() is not None:
         log.error("stop step failed", step=step, error=repr(task.exception()))
-
-
-M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
-MMAP_THRESHOLD = 128 * 1024
-
-
-def return_large_blocks_to_the_system() -> None:
-    """Allocate every block over 128 KiB with mmap, so freeing it gives the memory back.
-
-    glibc raises its mmap threshold after the first large block is freed, and later large
-    blocks (partial STOMP frames, big bodies) come from the heap, which keeps the memory after
-    they are freed: a node's RSS would stay at its peak. Setting the threshold fixes it.
-    Best effort: nothing happens where there is no glibc.
-    """
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-
-
-# CPython's cycle collector, tuned for a backlog of millions of message objects: a young
-# collection every 100,000 allocations instead of 700, and a full one after 50 x 50 of those
-# instead of 10 x 10. With the defaults a full collection (which walks every message held)
-# came every few seconds under load and stalled every client for 100-150 ms at a time
-# (bench/canary.py); now it comes every few minutes under the heaviest load.
-GC_THRESHOLDS = (100_000, 50, 50)
-
-
-def run_node(config: NodeConfig) -> int:
-    """Entry point of `pinmq node`: configure logging, serve, return the exit code."""
-    logs.configure(config.node.id, config.log.level, config.log.format)
-    return_large_blocks_to_the_system()
-    gc.set_threshold(*GC_THRESHOLDS)
-    return asyncio.run(serve(config))

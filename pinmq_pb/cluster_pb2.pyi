@@ -154,10 +154,12 @@ class ReplicaReport(_message.Message):
     def __init__(self, hello: _Optional[_Union[ReplicaHello, _Mapping]] = ..., durable: _Optional[int] = ...) -> None: ...
 
 class ReplicaHello(_message.Message):
-    __slots__ = ("node_id",)
+    __slots__ = ("node_id", "cluster_address")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
-    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+    cluster_address: str
+    def __init__(self, node_id: _Optional[str] = ..., cluster_address: _Optional[str] = ...) -> None: ...
 
 class ReplicationFrame(_message.Message):
     __slots__ = ("begin", "rows", "end", "ops")
@@ -172,12 +174,14 @@ class ReplicationFrame(_message.Message):
     def __init__(self, begin: _Optional[_Union[SnapshotBegin, _Mapping]] = ..., rows: _Optional[_Union[SnapshotRows, _Mapping]] = ..., end: _Optional[_Union[SnapshotEnd, _Mapping]] = ..., ops: _Optional[_Union[ReplicatedOps, _Mapping]] = ...) -> None: ...
 
 class SnapshotBegin(_message.Message):
-    __slots__ = ("seq", "primary")
+    __slots__ = ("seq", "primary", "epoch")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     PRIMARY_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     seq: int
     primary: str
-    def __init__(self, seq: _Optional[int] = ..., primary: _Optional[str] = ...) -> None: ...
+    epoch: int
+    def __init__(self, seq: _Optional[int] = ..., primary: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class SnapshotRows(_message.Message):
     __slots__ = ("file", "table", "rows")
@@ -210,3 +214,105 @@ class ReplicatedOps(_message.Message):
     OPS_FIELD_NUMBER: _ClassVar[int]
     ops: _containers.RepeatedCompositeFieldContainer[ReplicatedOp]
     def __init__(self, ops: _Optional[_Iterable[_Union[ReplicatedOp, _Mapping]]] = ...) -> None: ...
+
+class FailoverEnvelope(_message.Message):
+    __slots__ = ("logical", "failure_timeout_ms", "heartbeat", "heartbeat_reply", "vote_request", "vote_reply", "handover")
+    LOGICAL_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_REPLY_FIELD_NUMBER: _ClassVar[int]
+    VOTE_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    VOTE_REPLY_FIELD_NUMBER: _ClassVar[int]
+    HANDOVER_FIELD_NUMBER: _ClassVar[int]
+    logical: str
+    failure_timeout_ms: int
+    heartbeat: HaHeartbeat
+    heartbeat_reply: HaHeartbeatReply
+    vote_request: HaVoteRequest
+    vote_reply: HaVoteReply
+    handover: HaHandover
+    def __init__(self, logical: _Optional[str] = ..., failure_timeout_ms: _Optional[int] = ..., heartbeat: _Optional[_Union[HaHeartbeat, _Mapping]] = ..., heartbeat_reply: _Optional[_Union[HaHeartbeatReply, _Mapping]] = ..., vote_request: _Optional[_Union[HaVoteRequest, _Mapping]] = ..., vote_reply: _Optional[_Union[HaVoteReply, _Mapping]] = ..., handover: _Optional[_Union[HaHandover, _Mapping]] = ...) -> None: ...
+
+class FailoverReplies(_message.Message):
+    __slots__ = ("replies",)
+    REPLIES_FIELD_NUMBER: _ClassVar[int]
+    replies: _containers.RepeatedCompositeFieldContainer[FailoverEnvelope]
+    def __init__(self, replies: _Optional[_Iterable[_Union[FailoverEnvelope, _Mapping]]] = ...) -> None: ...
+
+class HaRecord(_message.Message):
+    __slots__ = ("epoch", "active", "backup", "backup_in_sync", "seq")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    BACKUP_FIELD_NUMBER: _ClassVar[int]
+    BACKUP_IN_SYNC_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    active: str
+    backup: str
+    backup_in_sync: bool
+    seq: int
+    def __init__(self, epoch: _Optional[int] = ..., active: _Optional[str] = ..., backup: _Optional[str] = ..., backup_in_sync: _Optional[bool] = ..., seq: _Optional[int] = ...) -> None: ...
+
+class HaHeartbeat(_message.Message):
+    __slots__ = ("sender", "epoch", "seq", "backup", "backup_in_sync", "releasing")
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    BACKUP_FIELD_NUMBER: _ClassVar[int]
+    BACKUP_IN_SYNC_FIELD_NUMBER: _ClassVar[int]
+    RELEASING_FIELD_NUMBER: _ClassVar[int]
+    sender: str
+    epoch: int
+    seq: int
+    backup: str
+    backup_in_sync: bool
+    releasing: bool
+    def __init__(self, sender: _Optional[str] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., backup: _Optional[str] = ..., backup_in_sync: _Optional[bool] = ..., releasing: _Optional[bool] = ...) -> None: ...
+
+class HaHeartbeatReply(_message.Message):
+    __slots__ = ("sender", "epoch", "seq", "accepted", "known_epoch", "wants_failback")
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    WANTS_FAILBACK_FIELD_NUMBER: _ClassVar[int]
+    sender: str
+    epoch: int
+    seq: int
+    accepted: bool
+    known_epoch: int
+    wants_failback: bool
+    def __init__(self, sender: _Optional[str] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., accepted: _Optional[bool] = ..., known_epoch: _Optional[int] = ..., wants_failback: _Optional[bool] = ...) -> None: ...
+
+class HaVoteRequest(_message.Message):
+    __slots__ = ("candidate", "epoch", "data_epoch")
+    CANDIDATE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    DATA_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    candidate: str
+    epoch: int
+    data_epoch: int
+    def __init__(self, candidate: _Optional[str] = ..., epoch: _Optional[int] = ..., data_epoch: _Optional[int] = ...) -> None: ...
+
+class HaVoteReply(_message.Message):
+    __slots__ = ("sender", "epoch", "granted", "known_epoch", "record")
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    GRANTED_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    sender: str
+    epoch: int
+    granted: bool
+    known_epoch: int
+    record: HaRecord
+    def __init__(self, sender: _Optional[str] = ..., epoch: _Optional[int] = ..., granted: _Optional[bool] = ..., known_epoch: _Optional[int] = ..., record: _Optional[_Union[HaRecord, _Mapping]] = ...) -> None: ...
+
+class HaHandover(_message.Message):
+    __slots__ = ("sender", "epoch")
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    sender: str
+    epoch: int
+    def __init__(self, sender: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...

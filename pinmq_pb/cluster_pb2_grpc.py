@@ -59,6 +59,11 @@ class ClusterStub:
                 request_serializer=pinmq__pb_dot_cluster__pb2.ReplicaReport.SerializeToString,
                 response_deserializer=pinmq__pb_dot_cluster__pb2.ReplicationFrame.FromString,
                 _registered_method=True)
+        self.Failover = channel.unary_unary(
+                '/pinmq.cluster.v1.Cluster/Failover',
+                request_serializer=pinmq__pb_dot_cluster__pb2.FailoverEnvelope.SerializeToString,
+                response_deserializer=pinmq__pb_dot_cluster__pb2.FailoverReplies.FromString,
+                _registered_method=True)
 
 
 class ClusterServicer:
@@ -101,6 +106,14 @@ class ClusterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Failover(self, request, context):
+        """ha: one failover message (cluster/failover.py) to a pair member or a voter; the answer
+        holds the messages it sends back to the caller.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClusterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -128,6 +141,11 @@ def add_ClusterServicer_to_server(servicer, server):
                     servicer.Replicate,
                     request_deserializer=pinmq__pb_dot_cluster__pb2.ReplicaReport.FromString,
                     response_serializer=pinmq__pb_dot_cluster__pb2.ReplicationFrame.SerializeToString,
+            ),
+            'Failover': grpc.unary_unary_rpc_method_handler(
+                    servicer.Failover,
+                    request_deserializer=pinmq__pb_dot_cluster__pb2.FailoverEnvelope.FromString,
+                    response_serializer=pinmq__pb_dot_cluster__pb2.FailoverReplies.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -265,6 +283,33 @@ class Cluster:
             '/pinmq.cluster.v1.Cluster/Replicate',
             pinmq__pb_dot_cluster__pb2.ReplicaReport.SerializeToString,
             pinmq__pb_dot_cluster__pb2.ReplicationFrame.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Failover(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pinmq.cluster.v1.Cluster/Failover',
+            pinmq__pb_dot_cluster__pb2.FailoverEnvelope.SerializeToString,
+            pinmq__pb_dot_cluster__pb2.FailoverReplies.FromString,
             options,
             channel_credentials,
             insecure,

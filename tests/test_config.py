@@ -56,7 +56,7 @@ def test_contract_parses() -> None:
 
 def test_deploy_examples_match_contract() -> None:
     contract = parse_config(CONTRACT, "contract.yaml")
-    for name in ("standalone", "node1", "node2", "node3"):
+    for name in ("standalone", "node1", "node1-backup", "node2", "node3"):
         cfg = load_config(REPO / "deploy" / f"{name}.yaml")
         assert cfg.addresses["orders"] == contract.addresses["orders"]
         assert cfg.address_settings == contract.address_settings
@@ -68,19 +68,32 @@ def test_deploy_examples_match_contract() -> None:
 
 
 def test_deploy_cluster_is_consistent() -> None:
-    """One LOCAL handler, distinct ports, and each node's connectors are the others' listeners."""
-    cfgs = [load_config(REPO / "deploy" / f"node{n}.yaml") for n in (1, 2, 3)]
-    assert [c.grouping_handler.type for c in cfgs if c.grouping_handler] == [
-        "LOCAL",
-        "REMOTE",
-        "REMOTE",
-    ]
-    ports = [p for c in cfgs for p in c.listen.model_dump().values()]
+    """One LOCAL node as a primary and its backup; distinct ports and data dirs; the REMOTE
+    nodes reach every other process, the pair reaches the REMOTE nodes (its voters)."""
+    names = ("node1", "node1-backup", "node2", "node3")
+    cfgs = {n: load_config(REPO / "deploy" / f"{n}.yaml") for n in names}
+    handlers = {n: c.grouping_handler.type for n, c in cfgs.items() if c.grouping_handler}
+    assert handlers == {
+        "node1": "LOCAL",
+        "node1-backup": "LOCAL",
+        "node2": "REMOTE",
+        "node3": "REMOTE",
+    }
+    primary, backup = cfgs["node1"].ha, cfgs["node1-backup"].ha
+    assert primary is not None and primary.role == "primary"
+    assert backup is not None and backup.role == "backup"
+    assert backup.primary == cfgs["node1"].listen.cluster
+    ports = [p for c in cfgs.values() for p in c.listen.model_dump().values()]
     assert len(ports) == len(set(ports))
-    assert len({c.node.data_dir for c in cfgs}) == 3
-    for c in cfgs:
-        others = {o.listen.cluster for o in cfgs if o is not c}
-        assert c.cluster is not None and set(c.cluster.connectors) == others
+    assert len({c.node.data_dir for c in cfgs.values()}) == 4
+    remote = {cfgs[n].listen.cluster for n in ("node2", "node3")}
+    for name, c in cfgs.items():
+        assert c.cluster is not None
+        if c.ha is not None:
+            assert set(c.cluster.connectors) == remote
+        else:
+            others = {o.listen.cluster for n, o in cfgs.items() if n != name}
+            assert set(c.cluster.connectors) == others
 
 
 def test_minimal_config_gets_all_defaults() -> None:

@@ -1,7 +1,7 @@
 """The README's two tours, run as written against a `make up` cluster, every claim checked.
 
-The cluster is `pinmq up` over the shipped `deploy/node{1,2,3}.yaml`, unchanged. Their fixed
-ports (7601-7603, ...) are free because the nodes and the tours run in a private network
+The cluster is `pinmq up` over the shipped `deploy/node{1,1-backup,2,3}.yaml`, unchanged. Their
+fixed ports (7601-7603, ...) are free because the nodes and the tours run in a private network
 namespace (`unshare --net`): a developer's own `make up` or a second test run never clashes.
 The command blocks are parsed from README.md, not copied; a marker line is printed before each
 command, so every command's output is checked against what the block's comments claim.
@@ -111,7 +111,8 @@ def tours(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tours]:
     work = tmp_path_factory.mktemp("tour")
     shutil.copytree(REPO / "deploy", work / "deploy")
     (work / "tmp").mkdir()
-    configs = [str(work / "deploy" / f"node{n}.yaml") for n in (1, 2, 3)]
+    names = ("node1", "node1-backup", "node2", "node3")  # as `make up` starts them
+    configs = [str(work / "deploy" / f"{name}.yaml") for name in names]
     blocks = [readme_block("A cluster tour"), readme_block("Groups on one node")]
     pinmq = PINMQ
     up = shlex.join([*pinmq, "up", *configs, "--run-dir", str(work / "run")])

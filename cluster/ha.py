@@ -1,0 +1,373 @@
+"""ha shells around the failover state machine (cluster/failover.py): the pair member's and
+the voters'. They move its messages over `Cluster.Failover`, feed it the clock, and persist
+its durable state before anything that depends on it leaves.
+
+Names: a pair member is named by its node id (the primary's is the logical node's, node1);
+a voter by the address the pair reaches it at (its `cluster.connectors` entry), since that is
+what the pair knows of it before it ever answers. Only the count of voters matters to quorums.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import grpc
+import structlog
+from grpc import aio
+
+from broker import channels
+from broker.config import NodeConfig
+from cluster.failover import (
+    Ballot,
+    Durable,
+    Handover,
+    Heartbeat,
+    HeartbeatReply,
+    Member,
+    Message,
+    Record,
+    Role,
+    Send,
+    Timing,
+    Voter,
+    VoteReply,
+    VoteRequest,
+    quorum,
+)
+from cluster.ha_wire import from_pb, to_pb
+from pinmq_pb import cluster_pb2 as pb
+from pinmq_pb import cluster_pb2_grpc as pb_grpc
+
+log = structlog.get_logger(__name__)
+
+STATE_FILE = "ha-state.json"  # a pair member's ballot, data epoch, peer
+VOTES_FILE = "ha-votes.json"  # a voter's ballot per pair
+TICK_S = 0.02  # well inside the 5 % by which a promise outlives the active's count of it
+
+
+def now_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+class Fenced(Exception):
+    """This process may not serve the logical node now: it lost its quorum or its epoch."""
+
+
+def _ballot(data: dict[str, Any] | None) -> Ballot | None:
+    if not data:
+        return None
+    return Ballot(data["voted"], data["granted"], Record(**data["record"]))
+
+
+def _write_json(path: Path, data: Any) -> None:
+    """Atomically and durably: a crash leaves the old file or the new one."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+
+
+def _caller(message: Message) -> str:
+    match message:
+        case Heartbeat() | HeartbeatReply() | VoteReply() | Handover():
+            return message.sender
+        case VoteRequest():
+            return message.candidate
+
+
+class VoterRegistry:
+    """A cluster node's votes for every pair it hears from (`<data-dir>/ha-votes.json`).
+
+    A promise lasts the pair's failure-timeout, which its messages carry; after a restart,
+    until the pair is heard again, the longest that any config allows is assumed.
+    """
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = data_dir / VOTES_FILE
+        saved = _read_json(self.path) or {}
+        now = now_ms()
+        self.voters = {
+            logical: Voter(logical, Timing(failure_timeout=data["promise_ms"]), now, _ballot(data))
+            for logical, data in saved.items()
+        }
+
+    def receive(self, envelope: pb.FailoverEnvelope) -> list[pb.FailoverEnvelope]:
+        message = from_pb(envelope)
+        logical = envelope.logical
+        timing = Timing(failure_timeout=envelope.failure_timeout_ms or Timing().failure_timeout)
+        voter = self.voters.get(logical)
+        if voter is None:
+            voter = self.voters[logical] = Voter(logical, timing, now_ms())
+        elif timing.failure_timeout > voter.timing.failure_timeout:
+            voter.timing = timing  # never shorter than what it may have promised
+        if isinstance(message, Heartbeat):
+            reply: Message = voter.on_heartbeat(message, now_ms())
+        elif isinstance(message, VoteRequest):
+            reply = voter.on_vote_request(message, now_ms())
+        else:
+            return []
+        if voter.changed:
+            self._persist()
+        return [to_pb(logical, reply)]
+
+    def _persist(self) -> None:
+        data = {}
+        for logical, voter in self.voters.items():
+            voter.changed = False
+            data[logical] = {**asdict(voter.ballot), "promise_ms": voter.timing.failure_timeout}
+        _write_json(self.path, data)
+
+
+class PairShell:
+    """One process of the pair: runs its `Member`, reaches the others, keeps its state.
+
+    `on_change` is called after anything that may change whether this process should serve
+    (the pair process then starts or stops its node); `status` is for health and logs.
+    """
+
+    def __init__(self, config: NodeConfig, on_change: Callable[[], None]) -> None:
+        ha, cluster = config.ha, config.cluster
+        assert ha is not None and cluster is not None
+        self.name = config.node.id
+        self.primary = ha.role == "primary"
+        self.path = Path(config.node.data_dir) / STATE_FILE
+        saved = _read_json(self.path) or {}
+        self.logical: str | None = saved.get("logical") or (self.name if self.primary else None)
+        self.peer_address: str | None = saved.get("peer_address") or ha.primary
+        peer = saved.get("peer") or ("" if self.primary else (self.logical or ""))
+        self.timing = Timing(ha.heartbeat_interval, ha.failure_timeout)
+        voters = [a for a in cluster.connectors if a != self.peer_address]
+        durable = Durable(**saved["durable"]) if saved.get("durable") else None
+        self.member = Member(
+            self.name,
+            peer,
+            voters,
+            self.timing,
+            now_ms(),
+            primary=self.primary,
+            allow_failback=ha.allow_failback,
+            ballot=_ballot(saved.get("ballot")),
+            durable=durable,
+        )
+        self.on_change = on_change
+        self._channels: dict[str, aio.Channel] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._ticking: asyncio.Task[None] | None = None
+        self._waiting_alone: list[asyncio.Future[None]] = []
+        self._replica_epoch: int | None = None  # passive: the snapshot of this epoch's active
+        self._last = self.describe()
+
+    # ---- what the node asks
+
+    @property
+    def epoch(self) -> int:
+        return self.member.epoch
+
+    def may_serve(self) -> bool:
+        return self.member.may_serve(now_ms())
+
+    def admit_alone(self) -> asyncio.Future[None] | None:
+        """A write no in-sync backup confirms: None if it may be acknowledged now, else a
+        future that resolves once enough voters know the backup is out of sync (or fails)."""
+        member, now = self.member, now_ms()
+        if not member.may_serve(now):
+            raise Fenced(f"{self.name} does not hold node {self.logical} now")
+        if member.may_ack(now, replicated=False):
+            return None
+        future = asyncio.get_running_loop().create_future()
+        self._waiting_alone.append(future)
+        return future
+
+    def backup_synced(self) -> None:
+        self._handle(self.member.backup_synced(now_ms()))
+
+    def backup_lost(self) -> None:
+        self._handle(self.member.backup_lost(now_ms()))
+
+    def replica_synced(self, epoch: int) -> None:
+        """Passive: the snapshot of the active of `epoch` is on disk, and the stream runs."""
+        self._replica_epoch = epoch
+        self._resync()
+        self._persist()
+
+    def replica_broke(self) -> None:
+        self._replica_epoch = None
+        self.member.unsynced()
+
+    def _resync(self) -> None:
+        """The member forgets it is in sync whenever it hears of a new active; the stream
+        from that active may have come first."""
+        member = self.member
+        if self._replica_epoch is not None and not member.in_sync:
+            member.synced(self._replica_epoch)
+
+    def peer_is(self, name: str, address: str) -> None:
+        """The primary learns its backup when it connects for replication."""
+        if (self.member.peer, self.peer_address) != (name, address):
+            member = self.member
+            member.peer = name
+            self.peer_address = address
+            member.voters = sorted(v for v in member.voters if v != address)
+            member.quorum = quorum(len(member.voters))
+            self._persist(force=True)
+
+    def describe(self) -> dict[str, Any]:
+        member = self.member
+        return {
+            "logical": self.logical,
+            **member.status(now_ms()),
+            "peer": member.peer or None,
+            "peer_address": self.peer_address,
+        }
+
+    # ---- running
+
+    def start(self) -> None:
+        self._ticking = asyncio.create_task(self._tick_loop(), name="failover-tick")
+
+    async def stop(self) -> None:
+        if self._ticking is not None:
+            self._ticking.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticking
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
+
+    async def _tick_loop(self) -> None:
+        while True:
+            self._handle(self.member.tick(now_ms()))
+            await asyncio.sleep(TICK_S)
+
+    def receive(self, envelope: pb.FailoverEnvelope) -> list[pb.FailoverEnvelope]:
+        """An incoming message; returns what goes back to its sender."""
+        message = from_pb(envelope)
+        if message is None:
+            return []
+        if self.logical is None and not self.primary:
+            self.logical = envelope.logical  # the backup learns whom it backs up
+            self.member.peer = envelope.logical
+            self._persist(force=True)
+        if envelope.logical != self.logical:
+            return []
+        caller = _caller(message)
+        sends = self.member.receive(message, now_ms())
+        back = [s for s in sends if s.to == caller]
+        self._handle([s for s in sends if s.to != caller])
+        assert self.logical is not None
+        return [self._envelope(s.message) for s in back]
+
+    def _envelope(self, message: Message) -> pb.FailoverEnvelope:
+        assert self.logical is not None
+        return to_pb(self.logical, message, self.timing.failure_timeout)
+
+    def _handle(self, sends: list[Send]) -> None:
+        self._resync()
+        self._persist()
+        for send in sends:
+            address = self.peer_address if send.to == self.member.peer else send.to
+            if address and self.logical is not None:
+                task = asyncio.ensure_future(self._deliver(address, send))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        self._settle_waiting()
+        now = self.describe()
+        if now != self._last:
+            changed = {k: v for k, v in now.items() if self._last.get(k) != v}
+            self._last = now
+            if {"role", "epoch", "serving", "active"} & changed.keys():
+                log.info("failover state", **now)
+            self.on_change()
+
+    async def _deliver(self, address: str, send: Send) -> None:
+        assert self.logical is not None
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = aio.insecure_channel(address, options=channels.reconnect())
+            self._channels[address] = channel
+        timeout = self.timing.heartbeat_interval * 2 / 1000
+        try:
+            answer = await pb_grpc.ClusterStub(channel).Failover(
+                self._envelope(send.message), timeout=timeout
+            )
+        except aio.AioRpcError:
+            return  # lost, like any message: heartbeats repeat, votes time out
+        for envelope in answer.replies:
+            message = from_pb(envelope)
+            if message is None:
+                continue
+            if address != self.peer_address and isinstance(message, HeartbeatReply | VoteReply):
+                message = replace(message, sender=address)  # a voter is its address to us
+            self._handle(self.member.receive(message, now_ms()))
+
+    def _settle_waiting(self) -> None:
+        if not self._waiting_alone:
+            return
+        member, now = self.member, now_ms()
+        if not member.may_serve(now) or member.role is not Role.ACTIVE:
+            error = Fenced(f"{self.name} no longer holds node {self.logical}")
+            for future in self._waiting_alone:
+                if not future.done():
+                    future.set_exception(error)
+            self._waiting_alone.clear()
+        elif member.may_ack(now, replicated=False):
+            for future in self._waiting_alone:
+                if not future.done():
+                    future.set_result(None)
+            self._waiting_alone.clear()
+
+    def _persist(self, force: bool = False) -> None:
+        member = self.member
+        if not (member.changed or force):
+            return
+        member.changed = False
+        _write_json(
+            self.path,
+            {
+                "logical": self.logical,
+                "peer": member.peer,
+                "peer_address": self.peer_address,
+                "ballot": asdict(member.ballot),
+                "durable": asdict(member.durable),
+            },
+        )
+
+
+class PassiveService(pb_grpc.ClusterServicer):
+    """What a pair process that does not serve answers on listen.cluster: failover only."""
+
+    def __init__(self, shell: PairShell) -> None:
+        self.shell = shell
+
+    async def Failover(
+        self, request: pb.FailoverEnvelope, context: aio.ServicerContext
+    ) -> pb.FailoverReplies:
+        return pb.FailoverReplies(replies=self.shell.receive(request))
+
+    async def Gossip(self, request_iterator: Any, context: aio.ServicerContext) -> None:
+        await context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.shell.name} is passive")

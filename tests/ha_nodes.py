@@ -1,0 +1,112 @@
+"""The LOCAL node as a pair of real processes, with two REMOTE nodes that vote: the HA drills'
+cluster. node1 (ha primary) and node1-backup list node2 and node3 as connectors; node2 and
+node3 list each other and both processes of the pair. Every wait is bounded and none asserts
+on timing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+from conftest import NodeProcess, get
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from ports import reserve_port
+
+PRIMARY, BACKUP = "node1", "node1-backup"
+WAIT_S = 30.0
+
+
+def wait(what: str, check: Callable[[], Any], timeout: float = WAIT_S) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"not within {timeout} s: {what}")
+
+
+def serving(node: NodeProcess) -> bool:
+    """Its client listener answers SERVING (a passive pair process keeps it closed)."""
+    with grpc.insecure_channel(node.url) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=0.5
+            )
+        except grpc.RpcError:
+            return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def ha_detail(node: NodeProcess, key: str) -> Any:
+    """A key of the `ha` part of its /readyz, None if it does not answer."""
+    try:
+        _, body = get(node.http, "/readyz")
+    except OSError:
+        return None
+    return (body.get("ha") or {}).get(key)
+
+
+class HaCluster:
+    def __init__(self, workdir: Path, ha: dict[str, Any] | None = None) -> None:
+        names = (PRIMARY, BACKUP, "node2", "node3")
+        self.cluster = {n: f"127.0.0.1:{reserve_port()}" for n in names}
+        c = self.cluster
+        connectors = {
+            PRIMARY: [c["node2"], c["node3"]],
+            BACKUP: [c["node2"], c["node3"]],
+            "node2": [c[PRIMARY], c[BACKUP], c["node3"]],
+            "node3": [c[PRIMARY], c[BACKUP], c["node2"]],
+        }
+        self.nodes: dict[str, NodeProcess] = {}
+        for name in names:
+            node_dir = workdir / name
+            node_dir.mkdir()
+            config: dict[str, Any] = {
+                "node": {"id": name},
+                "listen": {"cluster": c[name]},
+                "cluster": {"connectors": connectors[name], "reconnect-interval": 100},
+                "grouping-handler": {"type": "LOCAL" if name in (PRIMARY, BACKUP) else "REMOTE"},
+            }
+            if name == PRIMARY:
+                config["ha"] = {"role": "primary", **(ha or {})}
+            elif name == BACKUP:
+                config["ha"] = {"role": "backup", "primary": c[PRIMARY], **(ha or {})}
+            self.nodes[name] = NodeProcess(node_dir, config)
+
+    @property
+    def primary(self) -> NodeProcess:
+        return self.nodes[PRIMARY]
+
+    @property
+    def backup(self) -> NodeProcess:
+        return self.nodes[BACKUP]
+
+    @property
+    def pair_url(self) -> str:
+        return f"{self.primary.url},{self.backup.url}"
+
+    def start(self) -> HaCluster:
+        """All four; returns once node1 serves with its backup in sync."""
+        try:
+            for node in self.nodes.values():
+                node.start(wait=False)
+            for name in ("node2", "node3"):
+                self.nodes[name].wait_serving()
+            wait("node1 serves", lambda: serving(self.primary))
+            self.wait_in_sync(self.primary)
+        except BaseException:
+            self.kill_all()
+            raise
+        return self
+
+    def wait_in_sync(self, active: NodeProcess) -> None:
+        wait("the backup in sync", lambda: ha_detail(active, "backup_in_sync"))
+
+    def kill_all(self) -> None:
+        for node in self.nodes.values():
+            node.kill()

@@ -1,0 +1,153 @@
+"""ha drills with real processes: the LOCAL node as a primary and a replicated backup, two
+REMOTE nodes that vote (tests/ha_nodes.py). Each drill ends by reading back what was
+acknowledged: every message, once, in group order."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from ha_nodes import PRIMARY, HaCluster, ha_detail, serving, wait
+
+from broker.client import Client
+
+QUEUE = "orders"
+GROUPS = [f"g{i}" for i in range(8)]
+
+
+@pytest.fixture
+def ha(tmp_path: Path) -> Iterator[HaCluster]:
+    cluster = HaCluster(tmp_path)
+    yield cluster
+    cluster.kill_all()
+
+
+async def send(url: str, start: int, count: int) -> None:
+    async with Client(url) as client:
+        producers = {g: client.producer(QUEUE, group_id=g) for g in GROUPS}
+        for i in range(start, start + count):
+            group = GROUPS[i % len(GROUPS)]
+            await producers[group].send(f"{group}:{i}")
+
+
+async def read_back(url: str, count: int) -> None:
+    """Consume `count` messages (failing if fewer come), then check nothing else is there."""
+    got: dict[str, list[int]] = {g: [] for g in GROUPS}
+    async with Client(url) as client, client.consumer(QUEUE) as consumer:
+        for _ in range(count):
+            msg = await consumer.receive(timeout=30)
+            assert msg is not None, f"only {sum(map(len, got.values()))} of {count} came back"
+            group, _, seq = msg.text.partition(":")
+            got[group].append(int(seq))
+            await msg.ack()
+        assert await consumer.receive(timeout=0.5) is None  # and nothing twice
+    for group, seqs in got.items():
+        assert seqs == sorted(seqs), f"{group} out of order: {seqs}"
+    every = sorted(i for seqs in got.values() for i in seqs)
+    assert every == list(range(count)), "not every message sent, once each"
+
+
+async def test_kill_9_of_the_primary_the_backup_serves_every_acknowledged_message(
+    ha: HaCluster,
+) -> None:
+    ha.start()
+    async with Client(ha.primary.url) as client:
+        await client.create_queue(QUEUE)
+    await send(ha.primary.url, 0, 200)
+    assert not serving(ha.backup)  # passive: its client listener is closed
+    ha.primary.kill()  # kill -9
+    wait("the backup serves as node1", lambda: serving(ha.backup))
+    assert ha_detail(ha.backup, "epoch") >= 2 and ha_detail(ha.backup, "logical") == PRIMARY
+    await send(ha.pair_url, 200, 100)  # the client finds it by itself
+    # A REMOTE node's sends of these groups reach the queue on node1 as before: its bridge
+    # and its grouping handler found the new active process by themselves.
+    await send(ha.nodes["node2"].url, 300, 100)
+    await read_back(ha.pair_url, 400)
+
+
+async def test_a_frozen_backup_is_dropped_and_the_primary_carries_on(ha: HaCluster) -> None:
+    ha.start()
+    async with Client(ha.primary.url) as client:
+        await client.create_queue(QUEUE)
+    backup = ha.backup
+    assert backup.proc is not None
+    backup.proc.send_signal(signal.SIGSTOP)
+    try:
+        # The first send waits for the backup, which never answers: past failure-timeout the
+        # primary drops it, the voters hear it is out of sync, and the send completes.
+        await send(ha.primary.url, 0, 10)
+        assert ha_detail(ha.primary, "backup_in_sync") is False
+        assert "backup lost: carrying on without it" in ha.primary.log()
+    finally:
+        backup.proc.send_signal(signal.SIGCONT)
+    ha.wait_in_sync(ha.primary)  # it comes back, takes a fresh snapshot
+    await send(ha.primary.url, 10, 10)
+    with sqlite3.connect(backup.data_dir / "store.db") as conn:
+        (count,) = conn.execute(
+            "SELECT count(*) FROM messages WHERE queue = ?", (QUEUE,)
+        ).fetchone()
+    assert count == 20
+
+
+async def test_a_frozen_primary_fences_itself_and_rejoins_as_the_backup(ha: HaCluster) -> None:
+    ha.start()
+    async with Client(ha.primary.url) as client:
+        await client.create_queue(QUEUE)
+    await send(ha.primary.url, 0, 100)
+    primary = ha.primary
+    assert primary.proc is not None
+    primary.proc.send_signal(signal.SIGSTOP)  # past failure-timeout: the backup is elected
+    try:
+        wait("the backup serves as node1", lambda: serving(ha.backup))
+        await send(ha.backup.url, 100, 100)
+    finally:
+        primary.proc.send_signal(signal.SIGCONT)
+    # Awake, it finds its promises expired: it stops serving before anything else and
+    # follows the active backup instead.
+    wait("the old primary is passive", lambda: ha_detail(primary, "role") == "passive")
+    assert not serving(primary)
+    ha.wait_in_sync(ha.backup)
+    await read_back(ha.pair_url, 200)
+
+
+async def test_kill_9_of_the_backup_the_primary_carries_on_and_the_backup_catches_up(
+    ha: HaCluster,
+) -> None:
+    ha.start()
+    async with Client(ha.primary.url) as client:
+        await client.create_queue(QUEUE)
+    await send(ha.primary.url, 0, 50)
+    ha.backup.kill()
+    await send(ha.primary.url, 50, 50)  # alone, once the voters know the backup is gone
+    assert ha_detail(ha.primary, "backup_in_sync") is False
+    ha.backup.start(wait=False)
+    ha.wait_in_sync(ha.primary)
+    await send(ha.primary.url, 100, 50)
+    ha.primary.kill()  # the caught-up backup has everything
+    wait("the backup serves as node1", lambda: serving(ha.backup))
+    await read_back(ha.pair_url, 150)
+
+
+async def test_failback_returns_node1_to_the_primary_without_losing_a_message(
+    tmp_path: Path,
+) -> None:
+    ha = HaCluster(tmp_path, ha={"allow-failback": True})
+    try:
+        ha.start()
+        async with Client(ha.primary.url) as client:
+            await client.create_queue(QUEUE)
+        await send(ha.pair_url, 0, 80)
+        ha.primary.kill()
+        wait("the backup serves as node1", lambda: serving(ha.backup))
+        await send(ha.pair_url, 80, 80)
+        ha.primary.start(wait=False)  # it rejoins as the backup, syncs, and takes over
+        wait("the primary serves again", lambda: serving(ha.primary), timeout=60)
+        assert ha_detail(ha.primary, "epoch") > 2
+        wait("the backup is passive", lambda: not serving(ha.backup))
+        await send(ha.pair_url, 160, 80)
+        await read_back(ha.pair_url, 240)
+    finally:
+        ha.kill_all()
