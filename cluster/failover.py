@@ -423,7 +423,7 @@ class Member(Voter):
 
     def _patience(self) -> int:
         t = self.timing
-        return t.failure_timeout + self._rng.randrange(t.failure_timeout // 2 + 1)
+        return t.failure_timeout + self._rng.randrange(t.heartbeat_interval + 1)
 
     # ---- active
 

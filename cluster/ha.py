@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
@@ -170,6 +171,7 @@ class PairShell:
             allow_failback=ha.allow_failback,
             ballot=_ballot(saved.get("ballot")),
             durable=durable,
+            rng=random.Random(),  # seeded by the OS: rivals' waits differ from run to run
         )
         self.on_change = on_change
         self._channels: dict[str, aio.Channel] = {}

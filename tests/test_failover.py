@@ -134,9 +134,10 @@ def test_failback_hands_node1_back_to_the_primary_at_a_new_epoch() -> None:
     sim.crash(PRIMARY, restart_in=300)
     sim.run(until=sim.now + 250)
     assert sim.serving() == [BACKUP]
+    backup_epoch = member(sim, BACKUP).epoch
     sim.run(until=sim.now + 1000)
     assert sim.serving() == [PRIMARY]
-    assert member(sim, PRIMARY).epoch == 3 and member(sim, BACKUP).in_sync
+    assert member(sim, PRIMARY).epoch > backup_epoch and member(sim, BACKUP).in_sync
 
 
 def test_kill_9_of_the_backup_the_primary_carries_on_then_the_backup_catches_up() -> None:
