@@ -31,6 +31,15 @@ class NodeStatusView(Protocol):
     consumers: Mapping[str, int]
 
 
+class HaPairView(Protocol):
+    logical: str
+    epoch: int
+    active: str
+    backup: str
+    backup_in_sync: bool
+    from_active: bool
+
+
 class ClusterAdmin(Protocol):
     node_id: str
 
@@ -50,3 +59,7 @@ class ClusterAdmin(Protocol):
         ...
 
     def status(self) -> Sequence[NodeStatusView]: ...
+
+    def ha(self) -> Sequence[HaPairView]:
+        """The LOCAL node's pair: the active process, its epoch, its backup (ha)."""
+        ...

@@ -20,7 +20,9 @@ from broker.config import ClusterSection
 from broker.core import CoreError
 from cluster.bridge import SF_PREFIX
 from cluster.connector import CHANNEL_OPTIONS
+from cluster.ha import HaPair, PairShell, VoterRegistry, known_pairs
 from cluster.local import LocalNode
+from cluster.replication import Replicator
 from cluster.topology import Topology
 from handler.api import BindingUse, GroupingHandler, HandlerUnavailable
 from pinmq_pb import cluster_pb2 as pb
@@ -66,6 +68,9 @@ class GroupsHost(Protocol):
     node_id: str
     config: ClusterSection
     topology: Topology
+    pair: PairShell | None
+    replicator: Replicator | None
+    voters: VoterRegistry
 
     def peer_address(self, node_id: str) -> str | None: ...
 
@@ -208,6 +213,12 @@ class ClusterAdministration:
 
     def problems(self) -> list[str]:
         return self.cluster.problems()
+
+    def ha(self) -> list[HaPair]:
+        cluster = self.cluster
+        replicator = cluster.replicator
+        in_sync = replicator.status()["backup_in_sync"] if replicator is not None else None
+        return known_pairs(cluster.pair, in_sync, cluster.voters)
 
     async def reset_group(self, group: str, queue: str | None, force: bool = False) -> int:
         """Unbind a group at the LOCAL handler; CoreError (with a gRPC code) when it cannot.

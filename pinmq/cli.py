@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import dataclasses
 import json
 import os
 import sys
@@ -137,6 +138,16 @@ def _parser() -> argparse.ArgumentParser:
         help="with --cluster: move G even while it is bound to a node that is down "
         "(refused otherwise; prints what it costs, then acts)",
     )
+
+    status = verbs.add_parser(
+        "status",
+        parents=[client, deadline],
+        help="this node (or every node) and the LOCAL node's active process, epoch and backup",
+    )
+    status.add_argument(
+        "--cluster", action="store_true", help="every node as this node sees it, not only itself"
+    )
+    status.add_argument("--json", action="store_true", help="one JSON object")
 
     check = verbs.add_parser(
         "check", help="check audit logs for loss, duplicates, order and exclusivity (PySpark)"
@@ -386,7 +397,45 @@ async def _reset_groups(client: Client, args: argparse.Namespace) -> None:
     print(f"reset {which} of {args.queue}")
 
 
+async def _status(client: Client, args: argparse.Namespace) -> None:
+    status = await client.cluster_status()
+    shown = status.connected if args.cluster else {status.node_id: True}
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "node": status.node_id,
+                    "nodes": {
+                        n: {"connected": status.connected[n], "handler": status.handlers[n]}
+                        for n in shown
+                    },
+                    "ha": [dataclasses.asdict(p) for p in status.ha],
+                    "problems": status.problems,
+                }
+            )
+        )
+        return
+    table = Table("node", "linked", "grouping handler", "consumers")
+    for node in shown:
+        consumers = sum(status.consumers.get(node, {}).values())
+        linked = "yes" if status.connected[node] else "no"
+        table.add_row(node, linked, status.handlers[node] or "-", str(consumers))
+    console = _console()
+    console.print(table)
+    for p in status.ha:
+        sync = "in sync" if p.backup_in_sync else "NOT in sync"
+        source = "says the active process" if p.from_active else f"as {status.node_id} last heard"
+        console.print(
+            f"ha {p.logical}: active process {p.active}, epoch {p.epoch}, "
+            f"backup {p.backup or '-'} {sync} ({source})",
+            markup=False,
+        )
+    for problem in status.problems:
+        console.print(f"cluster problem: {problem}", style="bold red", markup=False)
+
+
 _VERBS = {
+    "status": _status,
     "send": _send,
     "consume": _consume,
     "wait": _wait,

@@ -556,6 +556,17 @@ class AdminService(pb_grpc.AdminServicer):
                 for n in admin.status()
             ],
             problems=admin.problems(),
+            ha=[
+                pb.HaPairStatus(
+                    logical=p.logical,
+                    epoch=p.epoch,
+                    active=p.active,
+                    backup=p.backup,
+                    backup_in_sync=p.backup_in_sync,
+                    from_active=p.from_active,
+                )
+                for p in admin.ha()
+            ],
         )
 
 

@@ -370,11 +370,29 @@ class ClusterNodeStatus(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., connected: _Optional[bool] = ..., handler: _Optional[str] = ..., consumers: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class ClusterStatusResponse(_message.Message):
-    __slots__ = ("node_id", "nodes", "problems")
+    __slots__ = ("node_id", "nodes", "problems", "ha")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     PROBLEMS_FIELD_NUMBER: _ClassVar[int]
+    HA_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     nodes: _containers.RepeatedCompositeFieldContainer[ClusterNodeStatus]
     problems: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[ClusterNodeStatus, _Mapping]]] = ..., problems: _Optional[_Iterable[str]] = ...) -> None: ...
+    ha: _containers.RepeatedCompositeFieldContainer[HaPairStatus]
+    def __init__(self, node_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[ClusterNodeStatus, _Mapping]]] = ..., problems: _Optional[_Iterable[str]] = ..., ha: _Optional[_Iterable[_Union[HaPairStatus, _Mapping]]] = ...) -> None: ...
+
+class HaPairStatus(_message.Message):
+    __slots__ = ("logical", "epoch", "active", "backup", "backup_in_sync", "from_active")
+    LOGICAL_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    BACKUP_FIELD_NUMBER: _ClassVar[int]
+    BACKUP_IN_SYNC_FIELD_NUMBER: _ClassVar[int]
+    FROM_ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    logical: str
+    epoch: int
+    active: str
+    backup: str
+    backup_in_sync: bool
+    from_active: bool
+    def __init__(self, logical: _Optional[str] = ..., epoch: _Optional[int] = ..., active: _Optional[str] = ..., backup: _Optional[str] = ..., backup_in_sync: _Optional[bool] = ..., from_active: _Optional[bool] = ...) -> None: ...

@@ -4,13 +4,16 @@ acknowledged: every message, once, in group order."""
 
 from __future__ import annotations
 
+import json
+import re
 import signal
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ha_nodes import PRIMARY, HaCluster, ha_detail, serving, wait
+from conftest import cli
+from ha_nodes import BACKUP, PRIMARY, HaCluster, ha_detail, serving, wait
 
 from broker.client import Client
 
@@ -58,9 +61,25 @@ async def test_kill_9_of_the_primary_the_backup_serves_every_acknowledged_messag
         await client.create_queue(QUEUE)
     await send(ha.primary.url, 0, 200)
     assert not serving(ha.backup)  # passive: its client listener is closed
+    node2 = ha.nodes["node2"].url
+    status = cli("status", "--cluster", "--url", node2)
+    found = re.search(
+        r"ha node1: active process node1, epoch (\d+), backup node1-backup in sync", status.stdout
+    )
+    assert found, status.stdout
+    first_epoch = int(found.group(1))
     ha.primary.kill()  # kill -9
     wait("the backup serves as node1", lambda: serving(ha.backup))
-    assert ha_detail(ha.backup, "epoch") >= 2 and ha_detail(ha.backup, "logical") == PRIMARY
+    assert ha_detail(ha.backup, "epoch") > first_epoch
+    assert ha_detail(ha.backup, "logical") == PRIMARY
+    # Health says at every moment which process is the active arbiter, and at which epoch.
+    wait(
+        "node2 hears of the new active",
+        lambda: "active process node1-backup" in cli("status", "--url", node2).stdout,
+    )
+    status = json.loads(cli("status", "--json", "--url", ha.backup.url).stdout)
+    [pair] = status["ha"]
+    assert (pair["active"], pair["from_active"], pair["backup_in_sync"]) == (BACKUP, True, False)
     await send(ha.pair_url, 200, 100)  # the client finds it by itself
     # A REMOTE node's sends of these groups reach the queue on node1 as before: its bridge
     # and its grouping handler found the new active process by themselves.

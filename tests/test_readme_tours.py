@@ -183,6 +183,11 @@ def test_the_cluster_tour_binds_alice_to_node3_and_delivers_every_message_in_ord
     assert alice[0]["owner"].startswith("on-node3 (")
     reset = tour.output("pinmq reset-groups --cluster --group alice").strip()
     assert reset == "unbound group alice cluster-wide (1 binding(s) removed)"
+    status = tour.output("pinmq status --cluster")
+    assert re.search(
+        r"ha node1: active process node1, epoch \d+, backup node1-backup in sync", status
+    )
+    assert {row["node"] for row in table(status)} == {"node1", "node2", "node3"}
 
     got = tour.jsonl("node3.jsonl")
     assert [m["group"] for m in got] == ["alice"] * 10

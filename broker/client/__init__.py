@@ -28,6 +28,7 @@ from broker.client.info import (
     ClusterStatus,
     ConsumerInfo,
     GroupInfo,
+    HaPairStatus,
     QueueInfo,
 )
 from broker.client.producer import Producer
@@ -48,6 +49,7 @@ __all__ = [
     "ConsumerInfo",
     "Full",
     "GroupInfo",
+    "HaPairStatus",
     "InvalidArgument",
     "Item",
     "NotFound",

@@ -38,6 +38,7 @@ from broker.client.info import (
     ClusterStatus,
     ConsumerInfo,
     GroupInfo,
+    HaPairStatus,
     QueueInfo,
     from_unix_ms,
 )
@@ -399,6 +400,12 @@ class Client:
             handlers={n.node_id: n.handler for n in reply.nodes},
             problems=list(reply.problems),
             consumers={n.node_id: dict(n.consumers) for n in reply.nodes},
+            ha=[
+                HaPairStatus(
+                    p.logical, p.epoch, p.active, p.backup, p.backup_in_sync, p.from_active
+                )
+                for p in reply.ha
+            ],
         )
 
 

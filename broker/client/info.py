@@ -62,12 +62,25 @@ class ClusterGroups:
 
 
 @dataclass(slots=True, frozen=True)
+class HaPairStatus:
+    """The LOCAL node's pair: which process is the active arbiter, and its backup."""
+
+    logical: str  # the node id the active process answers as
+    epoch: int
+    active: str  # the active process's own node id
+    backup: str
+    backup_in_sync: bool
+    from_active: bool  # told by the active process itself, else by its last heartbeat
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterStatus:
     node_id: str
     connected: dict[str, bool]  # node id -> linked now (this node included)
     handlers: dict[str, str]  # node id -> "LOCAL", "REMOTE" or ""
     problems: list[str]
     consumers: dict[str, dict[str, int]]  # node id -> queue -> consumers, as this node sees it
+    ha: list[HaPairStatus]
 
 
 def from_unix_ms(unix_ms: int) -> datetime | None:
