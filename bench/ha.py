@@ -37,7 +37,7 @@ from typing import Any
 
 import yaml
 from harness.nodes import NodeProc, wait_serving
-from harness.procs import reserve_port, run_main, stop
+from harness.procs import reserve_port, run_main, stop, tail
 
 from broker.client import Client
 from pinmq.stomp.frames import FrameParser, encode_frame
@@ -158,7 +158,10 @@ async def _drill(workdir: Path) -> tuple[float, float]:
         done.set()
         await asyncio.gather(*tasks, return_exceptions=True)
         if not (first_send and first_seen):
-            raise RuntimeError("no send or delivery through the backup after the kill")
+            logs = "\n".join(
+                f"== {name}\n{tail(node.log_path, 15)}" for name, node in nodes.items()
+            )
+            raise RuntimeError(f"no send or delivery through the backup after the kill\n{logs}")
         return first_send[0] - killed_at[0], first_seen[0] - killed_at[0]
 
 

@@ -333,6 +333,9 @@ class HaSection(Strict):
 
     role: Literal["primary", "backup"]
     primary: HostPort | None = None  # backup only: its primary's listen.cluster
+    # The address the other process of the pair reaches this one's listen.cluster at, when it
+    # is not listen.cluster itself (a proxy, NAT); default: listen.cluster.
+    advertise: HostPort | None = None
     allow_failback: bool = False
     heartbeat_interval: int = Field(default=200, gt=0)  # ms between primary <-> backup heartbeats
     failure_timeout: int = Field(default=1000, gt=0)  # ms without heartbeats: ask for a vote

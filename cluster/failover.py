@@ -92,6 +92,7 @@ class VoteRequest:
     candidate: str
     epoch: int
     data_epoch: int  # epoch of the newest active whose data the candidate holds in full
+    pre: bool = False  # "would you?": answered alike, but nothing is promised or recorded
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,7 @@ class VoteReply:
     granted: bool
     known_epoch: int
     record: Record  # the voter's: a candidate learns from it what an active announced
+    pre: bool = False
 
 
 @dataclass(frozen=True)
@@ -191,11 +193,13 @@ class Voter:
             or (req.candidate == record.backup and record.backup_in_sync)
         )
         if req.epoch <= ballot.epoch or now < self.promised_until or not eligible:
-            return VoteReply(self.name, req.epoch, False, ballot.fence, record)
+            return VoteReply(self.name, req.epoch, False, ballot.fence, record, req.pre)
+        if req.pre:
+            return VoteReply(self.name, req.epoch, True, ballot.fence, record, True)
         ballot.voted = ballot.granted = req.epoch
         self.changed = True
         self.promised_until = now + self.timing.failure_timeout
-        return VoteReply(self.name, req.epoch, True, ballot.fence, record)
+        return VoteReply(self.name, req.epoch, True, ballot.fence, record, False)
 
 
 # ---------------------------------------------------------------------------------- a pair member
@@ -263,6 +267,8 @@ class Member(Voter):
         self._votes: set[str] = set()
         self._asked_at = 0
         self._released_at = 0
+        self._pre_epoch = 0  # asking whether a quorum would vote at this epoch (0: not)
+        self._pre_votes: set[str] = set()
 
     # ---- what the shell asks
 
@@ -323,9 +329,11 @@ class Member(Voter):
                 self.role = Role.PASSIVE  # the handover did not happen: stand again later
                 self._stand_at = now + self._patience()
             return []
-        if now >= max(self._stand_at, self.promised_until) and self._may_stand():
-            return self._stand(now)
-        return []
+        if self._pre_epoch and now - self._asked_at >= self.timing.failure_timeout:
+            self._pre_epoch = 0  # no quorum would vote: wait, then ask again
+            self._stand_at = now + self._patience()
+        due = not self._pre_epoch and now >= max(self._stand_at, self.promised_until)
+        return self._ask(now) if due and self._may_stand() else []
 
     def receive(self, message: Message, now: int) -> list[Send]:
         match message:
@@ -353,9 +361,21 @@ class Member(Voter):
             return self.primary  # bootstrap: only the primary starts a fresh cluster
         if self.durable.data_epoch < record.epoch:
             return False  # its data is older than the active it last heard of
-        return record.active == self.name or (record.backup_in_sync and record.backup == self.name)
+        # Whether a backup is in sync is the voters' to judge, from the active's latest word:
+        # ours may be older (the heartbeat saying "in sync again" may not have reached us).
+        return self.name in (record.active, record.backup)
+
+    def _ask(self, now: int) -> list[Send]:
+        """Pre-vote: stand only if a quorum would vote for us, so a candidate that cannot win
+        (stale data, an active still heard by the voters) never takes votes from one that can."""
+        self._pre_epoch = self.epoch + 1
+        self._pre_votes = set()
+        self._asked_at = now
+        req = VoteRequest(self.name, self._pre_epoch, self.durable.data_epoch, pre=True)
+        return [Send(to, req) for to in self._others()]
 
     def _stand(self, now: int) -> list[Send]:
+        self._pre_epoch = 0
         self.role = Role.CANDIDATE
         self.active = None
         self.ballot.voted = self.epoch + 1
@@ -375,6 +395,13 @@ class Member(Voter):
         if (reply.record.epoch, reply.record.seq) > (mine.epoch, mine.seq):
             self.ballot.record = reply.record
             self.changed = True
+        if reply.pre:
+            live = self.role is Role.PASSIVE and reply.epoch == self._pre_epoch
+            if live and reply.granted and reply.epoch > self.epoch:
+                self._pre_votes.add(reply.sender)
+                if len(self._pre_votes) >= self.quorum:
+                    return self._stand(now)
+            return []
         if self.role is not Role.CANDIDATE or reply.epoch != self.ballot.voted:
             return []
         if reply.known_epoch > reply.epoch:
@@ -391,10 +418,11 @@ class Member(Voter):
     def _on_vote_request(self, req: VoteRequest, now: int) -> list[Send]:
         busy = self.role is Role.CANDIDATE and req.epoch <= self.ballot.voted
         if busy or self.may_serve(now):
-            refusal = VoteReply(self.name, req.epoch, False, self.ballot.fence, self.ballot.record)
+            record = self.ballot.record
+            refusal = VoteReply(self.name, req.epoch, False, self.ballot.fence, record, req.pre)
             return [Send(req.candidate, refusal)]
         reply = self.on_vote_request(req, now)
-        if reply.granted:
+        if reply.granted and not req.pre:
             self._step_down()
         return [Send(req.candidate, reply)]
 

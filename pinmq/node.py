@@ -106,7 +106,7 @@ class Node:
             admin = ClusterAdministration(self.cluster, self.handler) if self.cluster else None
             self._server, self._health = make_server(engine, self.sending, admin)
             self._stomp = StompServer(engine, self.sending)
-            await self._stomp.start()
+            await self._stomp.start(accept=False)
             self._http = HttpServer(self.config.listen.http, self.config.node.id, self.readiness)
             await self._http.start()
         except OSError as err:
@@ -116,9 +116,12 @@ class Node:
                 await self._server.stop(None)
             await engine.close()
             raise StartupError(str(err)) from None
-        await self._server.start()
+        # Clients come in only once the node can route what they send (its grouping handler
+        # runs): an ha backup taking over must not answer its first clients "not running".
         if self.cluster is not None:
             await self._start_cluster()
+        await self._server.start()
+        await self._stomp.accept()
         await mark_serving(self._health)
         self._serving = True
         if self.cluster is not None:

@@ -30,6 +30,7 @@ from pinmq.node import Node
 from pinmq_pb import cluster_pb2_grpc as pb_grpc
 
 log = logs.get("pair")
+RETRY_S = 0.2  # after a failed start as the active process
 
 
 class PairProcess:
@@ -117,8 +118,10 @@ class PairProcess:
         try:
             await node.start()
         except StartupError as err:
-            log.error("cannot serve as the active process", error=str(err))
+            log.error("cannot serve as the active process: trying again", error=str(err))
             await self._serve_passively()
+            # Still elected: try again shortly rather than hold the node without serving it.
+            asyncio.get_running_loop().call_later(RETRY_S, self._changed)
             return
         self.node = node
         node.failed.add_done_callback(lambda _: self._changed())
@@ -160,7 +163,7 @@ class PairProcess:
             address,
             self.data_dir,
             retry_s=self.config.cluster.reconnect_interval / 1000,  # type: ignore[union-attr]
-            cluster_address=self.config.listen.cluster,
+            cluster_address=self.config.ha.advertise or self.config.listen.cluster,  # type: ignore[union-attr]
             on_synced=self.shell.replica_synced,
             on_broken=self.shell.replica_broke,
         )

@@ -286,28 +286,32 @@ class HaHeartbeatReply(_message.Message):
     def __init__(self, sender: _Optional[str] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., accepted: _Optional[bool] = ..., known_epoch: _Optional[int] = ..., wants_failback: _Optional[bool] = ...) -> None: ...
 
 class HaVoteRequest(_message.Message):
-    __slots__ = ("candidate", "epoch", "data_epoch")
+    __slots__ = ("candidate", "epoch", "data_epoch", "pre")
     CANDIDATE_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     DATA_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PRE_FIELD_NUMBER: _ClassVar[int]
     candidate: str
     epoch: int
     data_epoch: int
-    def __init__(self, candidate: _Optional[str] = ..., epoch: _Optional[int] = ..., data_epoch: _Optional[int] = ...) -> None: ...
+    pre: bool
+    def __init__(self, candidate: _Optional[str] = ..., epoch: _Optional[int] = ..., data_epoch: _Optional[int] = ..., pre: _Optional[bool] = ...) -> None: ...
 
 class HaVoteReply(_message.Message):
-    __slots__ = ("sender", "epoch", "granted", "known_epoch", "record")
+    __slots__ = ("sender", "epoch", "granted", "known_epoch", "record", "pre")
     SENDER_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     GRANTED_FIELD_NUMBER: _ClassVar[int]
     KNOWN_EPOCH_FIELD_NUMBER: _ClassVar[int]
     RECORD_FIELD_NUMBER: _ClassVar[int]
+    PRE_FIELD_NUMBER: _ClassVar[int]
     sender: str
     epoch: int
     granted: bool
     known_epoch: int
     record: HaRecord
-    def __init__(self, sender: _Optional[str] = ..., epoch: _Optional[int] = ..., granted: _Optional[bool] = ..., known_epoch: _Optional[int] = ..., record: _Optional[_Union[HaRecord, _Mapping]] = ...) -> None: ...
+    pre: bool
+    def __init__(self, sender: _Optional[str] = ..., epoch: _Optional[int] = ..., granted: _Optional[bool] = ..., known_epoch: _Optional[int] = ..., record: _Optional[_Union[HaRecord, _Mapping]] = ..., pre: _Optional[bool] = ...) -> None: ...
 
 class HaHandover(_message.Message):
     __slots__ = ("sender", "epoch")

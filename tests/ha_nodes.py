@@ -15,6 +15,7 @@ import grpc
 from conftest import NodeProcess, get
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ports import reserve_port
+from tcp_proxy import Proxy
 
 PRIMARY, BACKUP = "node1", "node1-backup"
 WAIT_S = 30.0
@@ -42,6 +43,16 @@ def serving(node: NodeProcess) -> bool:
     return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
+def ready(node: NodeProcess) -> bool:
+    """GET /readyz answers 200: serving, and its grouping handler runs (a node's client port
+    opens a moment before its handler takes decisions)."""
+    try:
+        status, _ = get(node.http, "/readyz")
+    except OSError:
+        return False
+    return status == 200
+
+
 def ha_detail(node: NodeProcess, key: str) -> Any:
     """A key of the `ha` part of its /readyz, None if it does not answer."""
     try:
@@ -52,10 +63,20 @@ def ha_detail(node: NodeProcess, key: str) -> Any:
 
 
 class HaCluster:
-    def __init__(self, workdir: Path, ha: dict[str, Any] | None = None) -> None:
+    """With `proxied`, everything between the pair's two processes goes through test proxies
+    (`cut_pair`), while both still reach node2 and node3 directly."""
+
+    def __init__(
+        self, workdir: Path, ha: dict[str, Any] | None = None, proxied: bool = False
+    ) -> None:
         names = (PRIMARY, BACKUP, "node2", "node3")
         self.cluster = {n: f"127.0.0.1:{reserve_port()}" for n in names}
         c = self.cluster
+        self.proxies = [Proxy(c[PRIMARY]), Proxy(c[BACKUP])] if proxied else []
+        to_primary = self.proxies[0].address if proxied else c[PRIMARY]
+        backup_ha = {"role": "backup", "primary": to_primary, **(ha or {})}
+        if proxied:
+            backup_ha["advertise"] = self.proxies[1].address
         connectors = {
             PRIMARY: [c["node2"], c["node3"]],
             BACKUP: [c["node2"], c["node3"]],
@@ -75,7 +96,7 @@ class HaCluster:
             if name == PRIMARY:
                 config["ha"] = {"role": "primary", **(ha or {})}
             elif name == BACKUP:
-                config["ha"] = {"role": "backup", "primary": c[PRIMARY], **(ha or {})}
+                config["ha"] = backup_ha
             self.nodes[name] = NodeProcess(node_dir, config)
 
     @property
@@ -107,6 +128,16 @@ class HaCluster:
     def wait_in_sync(self, active: NodeProcess) -> None:
         wait("the backup in sync", lambda: ha_detail(active, "backup_in_sync"))
 
+    def cut_pair(self) -> None:
+        for proxy in self.proxies:
+            proxy.cut()
+
+    def heal_pair(self) -> None:
+        for proxy in self.proxies:
+            proxy.heal()
+
     def kill_all(self) -> None:
         for node in self.nodes.values():
             node.kill()
+        for proxy in self.proxies:
+            proxy.close()

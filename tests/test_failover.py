@@ -52,6 +52,16 @@ def test_a_voter_gives_one_vote_per_epoch_and_none_while_it_promised_the_active(
     assert not reply.accepted and reply.known_epoch == 2
 
 
+def test_a_pre_vote_promises_and_records_nothing() -> None:
+    timing = Timing(heartbeat_interval=20, failure_timeout=100)
+    voter = Voter("node2", timing, now=0)
+    ask = VoteRequest(BACKUP, epoch=1, data_epoch=0, pre=True)
+    assert voter.on_vote_request(ask, now=0).granted
+    assert voter.ballot.voted == 0 and not voter.changed
+    # A real vote at that epoch is still free, for anyone.
+    assert voter.on_vote_request(VoteRequest(PRIMARY, 1, 0), now=0).granted
+
+
 def test_a_restarted_voter_keeps_its_promise_and_its_record() -> None:
     timing = Timing(heartbeat_interval=20, failure_timeout=100)
     voter = Voter("node2", timing, now=0)
@@ -170,9 +180,9 @@ def test_the_simulation_catches_a_broken_rule() -> None:
     # A primary that counts on promises for longer than the voters keep them still serves
     # when it wakes up from a freeze, though the backup took over meanwhile.
     sim = started()
-    member(sim, PRIMARY).timing = Timing(heartbeat_interval=20, failure_timeout=400)
+    member(sim, PRIMARY).timing = Timing(heartbeat_interval=20, failure_timeout=800)
     sim.run(until=sim.now + 40)
-    sim.freeze(PRIMARY, duration=250)
+    sim.freeze(PRIMARY, duration=500)
     with pytest.raises(Violation, match="two processes serve node1"):
         sim.run(until=sim.now + 500)
 

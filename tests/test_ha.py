@@ -8,12 +8,13 @@ import json
 import re
 import signal
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import cli
-from ha_nodes import BACKUP, PRIMARY, HaCluster, ha_detail, serving, wait
+from ha_nodes import BACKUP, PRIMARY, HaCluster, ha_detail, ready, serving, wait
 
 from broker.client import Client
 
@@ -168,5 +169,60 @@ async def test_failback_returns_node1_to_the_primary_without_losing_a_message(
         wait("the backup is passive", lambda: not serving(ha.backup))
         await send(ha.pair_url, 160, 80)
         await read_back(ha.pair_url, 240)
+    finally:
+        ha.kill_all()
+
+
+async def test_kill_9_of_a_remote_node_the_pair_carries_on(ha: HaCluster) -> None:
+    ha.start()
+    async with Client(ha.primary.url) as client:
+        await client.create_queue(QUEUE)
+    await send(ha.pair_url, 0, 40)
+    ha.nodes["node3"].kill()  # one voter gone: node1 still holds promises from node2 and its backup
+    await send(ha.nodes["node2"].url, 40, 20)
+    await send(ha.pair_url, 60, 20)
+    assert serving(ha.primary) and ha_detail(ha.primary, "backup_in_sync")
+    await read_back(ha.pair_url, 80)
+
+
+async def test_the_whole_cluster_restarts_with_every_acknowledged_message(ha: HaCluster) -> None:
+    ha.start()
+    async with Client(ha.primary.url) as client:
+        await client.create_queue(QUEUE)
+    await send(ha.pair_url, 0, 80)
+    for node in ha.nodes.values():
+        node.kill()  # kill -9, all at once
+    for node in ha.nodes.values():
+        node.start(wait=False)
+    # One of the pair is elected again: both hold everything that was acknowledged.
+    wait("one process of the pair is ready", lambda: ready(ha.primary) or ready(ha.backup))
+    await send(ha.pair_url, 80, 40)
+    await read_back(ha.pair_url, 120)
+
+
+async def test_a_cut_between_primary_and_backup_never_activates_the_backup(
+    tmp_path: Path,
+) -> None:
+    ha = HaCluster(tmp_path, proxied=True)  # both still reach node2 and node3
+    try:
+        ha.start()
+        async with Client(ha.primary.url) as client:
+            await client.create_queue(QUEUE)
+        await send(ha.pair_url, 0, 40)
+        ha.cut_pair()
+        # The backup hears no heartbeat and asks for votes, but node2 and node3 still hear
+        # the primary and keep their promises to it: for 3 failure-timeouts, nothing moves.
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            assert not serving(ha.backup)
+            assert ha_detail(ha.backup, "role") != "active"
+            time.sleep(0.05)
+        await send(ha.pair_url, 40, 40)  # the primary dropped its backup and goes on
+        assert serving(ha.primary) and ha_detail(ha.primary, "backup_in_sync") is False
+        ha.heal_pair()
+        ha.wait_in_sync(ha.primary)  # it catches up
+        ha.primary.kill()
+        wait("the backup serves as node1", lambda: serving(ha.backup))
+        await read_back(ha.pair_url, 80)
     finally:
         ha.kill_all()

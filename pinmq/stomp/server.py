@@ -47,16 +47,26 @@ class StompServer:
         self._server: asyncio.Server | None = None
         self._ids = itertools.count(1)
 
-    async def start(self) -> None:
-        """Bind and accept; raises OSError naming the address when it cannot listen."""
+    async def start(self, accept: bool = True) -> None:
+        """Bind and (unless `accept` is False: then `accept()` later) accept; raises OSError
+        naming the address when it cannot listen."""
         host, port = split_host_port(self.address)
         try:
             self._server = await asyncio.start_server(
-                self._accept, host, port, backlog=self.node.config.stomp.listen_backlog
+                self._accept,
+                host,
+                port,
+                backlog=self.node.config.stomp.listen_backlog,
+                start_serving=accept,
             )
         except OSError as err:
             reason = os.strerror(err.errno) if err.errno else str(err)
             raise OSError(f"cannot listen on {self.address} for STOMP: {reason}") from None
+
+    async def accept(self) -> None:
+        """Begin accepting connections on the address `start` bound."""
+        if self._server is not None:
+            await self._server.start_serving()
 
     async def stop(self, grace_s: float = CLOSE_GRACE_S) -> None:
         """Stop accepting; tell every client the node is going, then drop what is left."""
