@@ -217,7 +217,6 @@ class Durable:
     """What a pair member persists besides its ballot: the data it holds."""
 
     data_epoch: int = 0  # epoch of the newest active whose data it holds in full
-    was_active: bool = False
 
 
 class Member(Voter):
@@ -459,7 +458,7 @@ class Member(Voter):
         self.role = Role.ACTIVE
         self.active = self.name
         epoch = self.ballot.voted
-        self.durable = Durable(data_epoch=epoch, was_active=True)
+        self.durable = Durable(data_epoch=epoch)
         self.ballot.record = Record(epoch, self.name, self.peer, False, 0)
         self.changed = True
         self._seq = 0

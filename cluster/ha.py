@@ -160,7 +160,7 @@ class PairShell:
         peer = saved.get("peer") or ("" if self.primary else (self.logical or ""))
         self.timing = Timing(ha.heartbeat_interval, ha.failure_timeout)
         voters = [a for a in cluster.connectors if a != self.peer_address]
-        durable = Durable(**saved["durable"]) if saved.get("durable") else None
+        durable = Durable(saved["durable"]["data_epoch"]) if saved.get("durable") else None
         self.member = Member(
             self.name,
             peer,

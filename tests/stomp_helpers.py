@@ -4,6 +4,7 @@ that record what arrives, raw sockets for malformed input, and bounded waits.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -114,21 +115,21 @@ class Recorder(stomp.ConnectionListener):
 Connect = Callable[..., tuple[Any, Recorder]]
 
 
-@pytest.fixture
-def connect(snode: StompNode) -> Iterator[Connect]:
-    """Open stomp.py connections (TCP_NODELAY set); all are closed at the end of the test."""
+@contextlib.contextmanager
+def stomp_connections() -> Iterator[Connect]:
+    """A maker of stomp.py connections (TCP_NODELAY set) to a port; all closed at the end."""
     opened: list[Any] = []
 
     def make(
+        port: int,
         version: str = "1.2",
         *,
-        port: int | None = None,
         heartbeats: tuple[int, int] = (0, 0),
         on_message: Callable[[Any], None] | None = None,
         auto_decode: bool = True,
         headers: dict[str, str] | None = None,
     ) -> tuple[Any, Recorder]:
-        hosts = [("127.0.0.1", port or snode.port)]
+        hosts = [("127.0.0.1", port)]
         if version == "1.0":
             conn = stomp.Connection10(hosts, auto_decode=auto_decode)
         else:
@@ -142,13 +143,24 @@ def connect(snode: StompNode) -> Iterator[Connect]:
         opened.append(conn)
         return conn, rec
 
-    yield make
-    for conn in opened:
-        try:
-            if conn.is_connected():
-                conn.disconnect()
-        except Exception:
-            pass
+    try:
+        yield make
+    finally:
+        for conn in opened:
+            with contextlib.suppress(Exception):
+                if conn.is_connected():
+                    conn.disconnect()
+
+
+@pytest.fixture
+def connect(snode: StompNode) -> Iterator[Connect]:
+    """Open stomp.py connections to the module's node (or `port=`); closed at the end."""
+    with stomp_connections() as make:
+
+        def to(version: str = "1.2", *, port: int | None = None, **kw: Any) -> tuple[Any, Recorder]:
+            return make(port or snode.port, version, **kw)
+
+        yield to
 
 
 def subscribe(conn: Any, rec: Recorder, queue: str, sub_id: str, **headers: str) -> None:

@@ -10,17 +10,15 @@ in the cluster, one group), so a duplicate that had been enqueued would come bef
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import stomp
 from cluster_nodes import ClusterNodes, Collector, consumers_on, create_everywhere, grouping
 from cluster_nodes import stomp_send as stomp_send_raw
 from conftest import NodeProcess, get, unique
-from stomp_helpers import Recorder, subscribe
+from stomp_helpers import Recorder, stomp_connections, subscribe
 
 from broker.client import Client
 from broker.message import DUPLICATE_ID_HEADER, GROUP_ID_HEADER
@@ -118,25 +116,8 @@ async def test_detection_off_delivers_every_copy(
 @pytest.fixture
 def stomp_connect() -> Iterator[Callable[[NodeProcess], tuple[Any, Recorder]]]:
     """stomp.py 1.2 connections to a node's STOMP port; all are closed at the end."""
-    opened: list[Any] = []
-
-    def make(node: NodeProcess) -> tuple[Any, Recorder]:
-        conn = stomp.Connection12([("127.0.0.1", node.stomp_port)])
-        rec = Recorder()
-        conn.set_listener("rec", rec)
-        conn.connect(wait=True)
-        rec.wait(lambda: bool(rec.connected), "CONNECTED")
-        conn.transport.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        opened.append(conn)
-        return conn, rec
-
-    yield make
-    for conn in opened:
-        try:
-            if conn.is_connected():
-                conn.disconnect()
-        except Exception:
-            pass
+    with stomp_connections() as make:
+        yield lambda node: make(node.stomp_port)
 
 
 def stomp_send(conn: Any, rec: Recorder, queue: str, body: str, **headers: str) -> None:
