@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import cli
+from conftest import cli, get
 from ha_nodes import BACKUP, PRIMARY, HaCluster, ha_detail, ready, serving, wait
 
 from broker.client import Client
@@ -62,6 +62,8 @@ async def test_kill_9_of_the_primary_the_backup_serves_every_acknowledged_messag
         await client.create_queue(QUEUE)
     await send(ha.primary.url, 0, 200)
     assert not serving(ha.backup)  # passive: its client listener is closed
+    code, body = get(ha.backup.http, "/readyz")
+    assert code == 503 and body["ha"]["replication"] == "following" and body["ha"]["in_sync"]
     node2 = ha.nodes["node2"].url
     status = cli("status", "--cluster", "--url", node2)
     found = re.search(
