@@ -24,7 +24,7 @@ import grpc
 import structlog
 from grpc import aio
 
-from broker import channels
+from broker import channels, sqlite_file
 from broker.config import NodeConfig
 from cluster.failover import (
     Ballot,
@@ -76,11 +76,7 @@ def _write_json(path: Path, data: Any) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    sqlite_file.fsync_dir(path.parent)
 
 
 def _read_json(path: Path) -> Any:
