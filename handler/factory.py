@@ -11,17 +11,18 @@ from handler.remote import RemoteHandler
 
 
 def make_handler(
-    config: NodeConfig, locate_local: Callable[[], str | None]
+    config: NodeConfig, locate_local: Callable[[], str | None], epoch: int = 1
 ) -> GroupingHandler | None:
     """None without a grouping-handler section.
 
     `locate_local` returns the LOCAL node's cluster address (host:port) from the topology,
-    or None while it is unknown; only a REMOTE handler calls it.
+    or None while it is unknown; only a REMOTE handler calls it. `epoch`: a LOCAL handler's
+    arbiter epoch (the ha pair's failover epoch of the process it runs in).
     """
     section = config.grouping_handler
     if section is None:
         return None
     if section.type == "LOCAL":
-        return LocalHandler(section, config.node.id, config.node.data_dir)
+        return LocalHandler(section, config.node.id, config.node.data_dir, epoch=epoch)
     reconnect = config.cluster.reconnect_interval if config.cluster is not None else 500
     return RemoteHandler(locate_local, section, config.node.id, reconnect_interval_ms=reconnect)

@@ -270,6 +270,11 @@ class LocalHandler(GroupingHandler):
     def unsubscribe(self, sub: _Subscriber) -> None:
         self._subscribers.discard(sub)
 
+    @property
+    def subscribers(self) -> list[str]:
+        """The nodes that hear of removals now, one entry per Removals stream."""
+        return sorted(sub.node for sub in self._subscribers)
+
     async def _reap_loop(self) -> None:
         """Reap every reaper-period; drop absent instances' bindings as soon as they expire."""
         assert self._wake is not None
@@ -302,13 +307,14 @@ def _log_failed_delete(write: asyncio.Future[None]) -> None:
         log.warning("binding removal not stored", error=str(write.exception()))
 
 
-def _reply(binding: Binding, accepted: bool) -> pb.BindingReply:
+def _reply(binding: Binding, accepted: bool, arbiter_epoch: int) -> pb.BindingReply:
     return pb.BindingReply(
         group=binding.group,
         queue=binding.queue,
         node=binding.node,
         epoch=binding.epoch,
         accepted=accepted,
+        arbiter_epoch=arbiter_epoch,
     )
 
 
@@ -380,16 +386,18 @@ class GroupingServicer(pb_grpc.GroupingHandlerServicer):
             )
         except (BindingStoreError, DecisionTimeout, HandlerUnavailable) as err:
             return pb.Decision(id=request.id, error=str(err))
-        return pb.Decision(id=request.id, binding=_reply(binding, accepted))
+        epoch = self.handler.arbiter.epoch
+        return pb.Decision(id=request.id, binding=_reply(binding, accepted, epoch))
 
     async def Touch(self, request: pb.TouchRequest, context: aio.ServicerContext) -> pb.TouchReply:
         stale = self.handler.touch_keys(list(request.keys), request.validate_only)
-        return pb.TouchReply(stale=stale)
+        return pb.TouchReply(stale=stale, arbiter_epoch=self.handler.arbiter.epoch)
 
     async def Removals(
         self, request: pb.RemovalsRequest, context: aio.ServicerContext
     ) -> AsyncIterator[pb.Removal]:
         sub = self.handler.subscribe(request.node)
+        epoch = self.handler.arbiter.epoch
         log.info("removals subscriber joined", subscriber=request.node)
         try:
             await context.send_initial_metadata((SUBSCRIBED,))
@@ -398,7 +406,7 @@ class GroupingServicer(pb_grpc.GroupingHandlerServicer):
                     async with asyncio.timeout(HEARTBEAT_S):
                         await sub.event.wait()
                 except TimeoutError:
-                    yield pb.Removal()  # heartbeat: lets the subscriber notice a dead link
+                    yield pb.Removal(arbiter_epoch=epoch)  # heartbeat: notices a dead link
                     continue
                 sub.event.clear()
                 if sub.overflow:
@@ -414,6 +422,7 @@ class GroupingServicer(pb_grpc.GroupingHandlerServicer):
                         node=binding.node,
                         epoch=binding.epoch,
                         reason=REASON_TO_PB[reason],
+                        arbiter_epoch=epoch,
                     )
                 if sub.closed:
                     return

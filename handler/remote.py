@@ -12,6 +12,10 @@ per group-timeout/2 per binding, so the LOCAL reaper sees them used. The removal
 cache entries; when it (re)connects, the cache is validated against the LOCAL node (removals
 sent while it was down are otherwise lost). Cached bindings keep answering while the LOCAL
 node is unreachable: a group stays where it is pinned.
+
+Every answer names the epoch of the arbiter that gave it (an ha pair's failover epoch). An
+answer from an older epoch than the newest heard is ignored: a fenced arbiter that still
+answers for a moment can never overrule the one that replaced it.
 """
 
 from __future__ import annotations
@@ -98,6 +102,7 @@ class RemoteHandler(GroupingHandler):
         self._tasks: list[asyncio.Task[None]] = []
         self._closing: set[asyncio.Task[None]] = set()  # old channels being closed
         self.subscribed = asyncio.Event()  # the Removals stream is live (for health and tests)
+        self.arbiter_epoch = 0  # the newest arbiter epoch heard from
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -175,13 +180,16 @@ class RemoteHandler(GroupingHandler):
                             why = f"the LOCAL grouping handler at {self._target}: {err}"
                         else:
                             binding = Binding(reply.group, reply.queue, reply.node, reply.epoch)
-                            if binding in flight.removed:  # removed before the answer came
+                            if not self._current(reply.arbiter_epoch):
+                                why = self._stale(reply.arbiter_epoch)
+                            elif binding in flight.removed:  # removed before the answer came
                                 flight.removed.clear()
                                 continue
-                            # With group-timeout -1 nothing is refreshed: never queue it.
-                            untracked = self.config.group_timeout < 0
-                            self._cache[key] = _Cached(binding, self._clock(), untracked)
-                            return binding
+                            else:
+                                # With group-timeout -1 nothing is refreshed: never queue it.
+                                untracked = self.config.group_timeout < 0
+                                self._cache[key] = _Cached(binding, self._clock(), untracked)
+                                return binding
                     await asyncio.sleep(pause)
                     pause = min(pause * 2, self._reconnect_s)
         except TimeoutError:
@@ -195,6 +203,23 @@ class RemoteHandler(GroupingHandler):
                 f"no grouping decision for group {group!r} on queue {queue!r} within "
                 f"{self.config.timeout} ms: {why}"
             ) from None
+
+    def _current(self, epoch: int) -> bool:
+        """Is an answer of an arbiter at `epoch` to be heeded (no newer arbiter answered)?"""
+        if epoch < self.arbiter_epoch:
+            log.warning("older arbiter ignored", epoch=epoch, newest=self.arbiter_epoch)
+            return False
+        if epoch > self.arbiter_epoch:
+            if self.arbiter_epoch:
+                log.info("new arbiter epoch", local=self._target, epoch=epoch)
+            self.arbiter_epoch = epoch
+        return True
+
+    def _stale(self, epoch: int) -> str:
+        return (
+            f"the grouping handler at {self._target} answered at arbiter epoch {epoch}, "
+            f"older than epoch {self.arbiter_epoch}"
+        )
 
     # ---- operators ----------------------------------------------------------------------
 
@@ -287,11 +312,18 @@ class RemoteHandler(GroupingHandler):
                         while True:
                             async with asyncio.timeout(SILENCE_S):
                                 removal = await anext(stream)
+                            if not self._current(removal.arbiter_epoch):
+                                break  # a fenced arbiter's stream: subscribe again
                             if removal.group:  # an empty one is a heartbeat
                                 self._on_removal(removal)
                 except (aio.AioRpcError, TimeoutError, StopAsyncIteration) as err:
                     if self.subscribed.is_set():
                         log.info("removals stream lost", local=self._target, error=repr(err))
+                except asyncio.CancelledError:
+                    if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                        raise  # stopping
+                    # The call, not this task: its channel closed for a new LOCAL address.
+                    log.info("removals stream closed: the LOCAL node moved", local=self._target)
                 finally:
                     self.subscribed.clear()
                     call.cancel()
@@ -334,6 +366,8 @@ class RemoteHandler(GroupingHandler):
             )
         except aio.AioRpcError as err:
             log.debug("touch failed", local=self._target, error=err.details())
+            return False
+        if not self._current(reply.arbiter_epoch):
             return False
         stale: list[Binding] = []
         for k in reply.stale:

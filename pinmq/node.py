@@ -170,7 +170,8 @@ class Node:
         engine = self.engine
         self.cluster = cluster = ClusterNode(engine)
         cluster.pair = self.pair
-        self.handler = make_handler(self.config, cluster.locate_local_handler)
+        epoch = self.pair.epoch if self.pair is not None else 1  # fixed while it serves
+        self.handler = make_handler(self.config, cluster.locate_local_handler, epoch)
         self.sending = ClusteredSendPath(engine, cluster, self.handler)
         grouping = self.config.grouping_handler
         if self.handler is not None and grouping is not None:

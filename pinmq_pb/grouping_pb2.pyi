@@ -55,18 +55,20 @@ class DecisionBatch(_message.Message):
     def __init__(self, decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ...) -> None: ...
 
 class BindingReply(_message.Message):
-    __slots__ = ("group", "queue", "node", "epoch", "accepted")
+    __slots__ = ("group", "queue", "node", "epoch", "accepted", "arbiter_epoch")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    ARBITER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     group: str
     queue: str
     node: str
     epoch: int
     accepted: bool
-    def __init__(self, group: _Optional[str] = ..., queue: _Optional[str] = ..., node: _Optional[str] = ..., epoch: _Optional[int] = ..., accepted: _Optional[bool] = ...) -> None: ...
+    arbiter_epoch: int
+    def __init__(self, group: _Optional[str] = ..., queue: _Optional[str] = ..., node: _Optional[str] = ..., epoch: _Optional[int] = ..., accepted: _Optional[bool] = ..., arbiter_epoch: _Optional[int] = ...) -> None: ...
 
 class Key(_message.Message):
     __slots__ = ("group", "queue", "node")
@@ -87,10 +89,12 @@ class TouchRequest(_message.Message):
     def __init__(self, keys: _Optional[_Iterable[_Union[Key, _Mapping]]] = ..., validate_only: _Optional[bool] = ...) -> None: ...
 
 class TouchReply(_message.Message):
-    __slots__ = ("stale",)
+    __slots__ = ("stale", "arbiter_epoch")
     STALE_FIELD_NUMBER: _ClassVar[int]
+    ARBITER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     stale: _containers.RepeatedCompositeFieldContainer[Key]
-    def __init__(self, stale: _Optional[_Iterable[_Union[Key, _Mapping]]] = ...) -> None: ...
+    arbiter_epoch: int
+    def __init__(self, stale: _Optional[_Iterable[_Union[Key, _Mapping]]] = ..., arbiter_epoch: _Optional[int] = ...) -> None: ...
 
 class RemovalsRequest(_message.Message):
     __slots__ = ("node",)
@@ -99,18 +103,20 @@ class RemovalsRequest(_message.Message):
     def __init__(self, node: _Optional[str] = ...) -> None: ...
 
 class Removal(_message.Message):
-    __slots__ = ("group", "queue", "node", "epoch", "reason")
+    __slots__ = ("group", "queue", "node", "epoch", "reason", "arbiter_epoch")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    ARBITER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     group: str
     queue: str
     node: str
     epoch: int
     reason: Reason
-    def __init__(self, group: _Optional[str] = ..., queue: _Optional[str] = ..., node: _Optional[str] = ..., epoch: _Optional[int] = ..., reason: _Optional[_Union[Reason, str]] = ...) -> None: ...
+    arbiter_epoch: int
+    def __init__(self, group: _Optional[str] = ..., queue: _Optional[str] = ..., node: _Optional[str] = ..., epoch: _Optional[int] = ..., reason: _Optional[_Union[Reason, str]] = ..., arbiter_epoch: _Optional[int] = ...) -> None: ...
 
 class ListRequest(_message.Message):
     __slots__ = ("group", "limit")

@@ -85,8 +85,8 @@ class LocalNode:
 
 
 @asynccontextmanager
-async def local_node(data_dir: Path, **settings: Any) -> AsyncIterator[LocalNode]:
-    handler = LocalHandler(section("LOCAL", **settings), "n-local", data_dir)
+async def local_node(data_dir: Path, epoch: int = 1, **settings: Any) -> AsyncIterator[LocalNode]:
+    handler = LocalHandler(section("LOCAL", **settings), "n-local", data_dir, epoch=epoch)
     await handler.start()
     node = LocalNode(handler)
     await node.serve()

@@ -128,6 +128,36 @@ async def test_a_proposal_the_local_node_cannot_decide_fails_with_its_reason(
         assert local.proposals >= 1
 
 
+async def test_answers_of_an_arbiter_older_than_the_newest_heard_are_ignored(
+    tmp_path: Path,
+) -> None:
+    """An ha pair's fenced arbiter (epoch 1) that still answers for a moment after its
+    successor (epoch 2) was heard from decides nothing: the proposal fails naming why."""
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new").mkdir()
+    async with (
+        local_node(tmp_path / "old", epoch=1) as old,
+        local_node(tmp_path / "new", epoch=2) as new,
+    ):
+        target = [new.address]
+        async with remote_handler(lambda: target[0], timeout=300) as remote:
+            assert await remote.decide("g1", "orders", "n-remote") == Binding(
+                "g1", "orders", "n-remote", 2
+            )
+            assert remote.arbiter_epoch == 2
+            target[0] = old.address
+            with pytest.raises(DecisionTimeout) as info:
+                await remote.decide("g2", "orders", "n-remote")
+            assert f"at {old.address} answered at arbiter epoch 1, older than epoch 2" in str(
+                info.value
+            )
+            assert old.proposals >= 1 and remote.cached("g2", "orders") is None
+            await wait_until(lambda: not remote.subscribed.is_set(), "old removals refused")
+            target[0] = new.address
+            assert (await remote.decide("g2", "orders", "n-remote")).epoch == 2
+            await wait_until(remote.subscribed.is_set, "subscribed to the new arbiter")
+
+
 async def test_no_known_local_node_times_out_with_a_clear_message() -> None:
     async with remote_handler(lambda: None, timeout=200) as remote:
         with pytest.raises(DecisionTimeout, match=r"^no grouping decision for group 'g' on queue"):
@@ -169,6 +199,27 @@ async def test_removals_evict_cache_entries_and_call_back(tmp_path: Path) -> Non
         ]
         rebound = await remote.decide("g1", "orders", "n4")
         assert rebound.node == "n4"
+
+
+async def test_removals_follow_the_local_node_to_a_new_address(tmp_path: Path) -> None:
+    """After a failover the LOCAL node answers at another address (the backup's): the removal
+    stream moves there too, so removals made by the new arbiter still evict the cache."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    async with local_node(tmp_path / "a") as first, local_node(tmp_path / "b") as second:
+        target = [first.address]
+        async with remote_handler(lambda: target[0]) as remote:
+            await asyncio.wait_for(remote.subscribed.wait(), WAIT_S)
+            target[0] = second.address
+            binding = await remote.decide("g1", "orders", "n2")  # asks the new address
+            await wait_until(
+                lambda: second.handler.subscribers == ["n-remote"], "subscribed at the new one"
+            )
+            removed: list[tuple[Binding, RemovalReason]] = []
+            remote.on_removed(lambda b, r: removed.append((b, r)))
+            assert await second.handler.unbind("g1") == 1
+            await wait_until(lambda: remote.cached("g1", "orders") is None, "g1 evicted")
+            assert removed == [(binding, RemovalReason.UNBOUND)]
 
 
 async def test_removals_missed_while_disconnected_are_found_on_reconnect(tmp_path: Path) -> None:
