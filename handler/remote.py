@@ -320,9 +320,8 @@ class RemoteHandler(GroupingHandler):
                     if self.subscribed.is_set():
                         log.info("removals stream lost", local=self._target, error=repr(err))
                 except asyncio.CancelledError:
-                    if asyncio.current_task().cancelling():  # type: ignore[union-attr]
-                        raise  # stopping
-                    # The call, not this task: its channel closed for a new LOCAL address.
+                    if not _channel_closed():
+                        raise
                     log.info("removals stream closed: the LOCAL node moved", local=self._target)
                 finally:
                     self.subscribed.clear()
@@ -418,3 +417,10 @@ class RemoteHandler(GroupingHandler):
                         entry.used = True
                         self._used.append(entry)
                 return
+
+
+def _channel_closed() -> bool:
+    """Did a CancelledError come from a call whose channel was closed for a new LOCAL address,
+    rather than from cancelling the running task (stopping)?"""
+    task = asyncio.current_task()
+    return task is not None and not task.cancelling()

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
-from handler_nodes import WAIT_S, local_node, remote_handler, stored_rows, wait_until
+from handler_nodes import WAIT_S, CallCounter, local_node, remote_handler, stored_rows, wait_until
 
 from handler.api import (
     Binding,
@@ -262,6 +263,49 @@ async def test_hits_refresh_last_use_in_batches_not_per_decide(tmp_path: Path) -
         assert local.counter.calls["Touch"] >= 1
         assert local.counter.calls["Touch"] < decides / 50
         assert local.proposals == 1
+
+
+class _SlowTouch(CallCounter):
+    """Holds every Touch call for a while, so one is in flight when the channel closes."""
+
+    async def intercept_service(self, continuation: Any, details: Any) -> Any:
+        if details.method.endswith("/Touch"):
+            await asyncio.sleep(5)
+        return await super().intercept_service(continuation, details)
+
+
+async def test_refreshes_go_on_at_a_new_local_address_after_a_touch_was_cut_off(
+    tmp_path: Path,
+) -> None:
+    """A Touch in flight when the LOCAL node moves (its channel closed) must not end the
+    refreshing: the new arbiter would reap bindings still in use."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    async with (
+        local_node(tmp_path / "a", group_timeout=400) as first,
+        local_node(tmp_path / "b", group_timeout=400, reaper_period=60_000) as second,
+    ):
+        await first.halt()
+        first.counter = _SlowTouch()
+        await first.serve()
+        target = [first.address]
+        async with remote_handler(lambda: target[0], group_timeout=400) as remote:
+            await remote.decide("g1", "orders", "n2")
+            while first.counter.calls["Touch"] == 0:  # one Touch is held at `first`
+                await remote.decide("g1", "orders", "n2")
+                await asyncio.sleep(0.02)
+            target[0] = second.address
+            await remote.decide("g2", "orders", "n2")  # moves: `first`'s channel closes
+            used = second.last_use("g2", "orders")
+
+            async def refreshed() -> bool:
+                await remote.decide("g2", "orders", "n2")
+                return second.last_use("g2", "orders") != used
+
+            deadline = asyncio.get_running_loop().time() + WAIT_S
+            while not await refreshed():
+                assert asyncio.get_running_loop().time() < deadline, "refreshing stopped"
+                await asyncio.sleep(0.05)
 
 
 async def test_remote_lists_and_unbinds_through_the_local_node(tmp_path: Path) -> None:
