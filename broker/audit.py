@@ -65,7 +65,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -157,6 +157,9 @@ class AuditLog:
         self._node_json = _enc(self.node)
         self._torn = False  # a failed write cut a line short: go on in a new segment
         self.error: BaseException | None = None  # the last write's failure, until one succeeds
+        # An ha pair's active process: whether it still holds its node. A process that lost
+        # its quorum records nothing more (its events would interleave with its successor's).
+        self.holding: Callable[[], bool] | None = None
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -197,6 +200,8 @@ class AuditLog:
         """
         if not (fx.added or fx.deliveries or fx.removed or fx.updated or fx.dead):
             return
+        if self.holding is not None and not self.holding():
+            return
         ts = time.time_ns()
         put = self._queue.append
         if fx.added:
@@ -234,6 +239,8 @@ class AuditLog:
         that long (`new_proposal`), as neither its cache nor its arbiter knew the group. Only
         references are queued: `headers` (for the `mid`) and `binding` are read by the writer.
         """
+        if self.holding is not None and not self.holding():
+            return
         fields = (msg_id, address, headers, queue, node, binding, decision_ns)
         self._queue.append((_ROUTED, time.time_ns(), fields))
         if len(self._queue) >= BATCH_ENTRIES:
@@ -245,12 +252,16 @@ class AuditLog:
         Called before the messages are forwarded; they keep their `mid`, so the checker can
         tell the order change this causes (older messages after newer ones) from a violation.
         """
+        if self.holding is not None and not self.holding():
+            return
         self._queue.append((_MOVED, time.time_ns(), (tuple(messages), target)))
         if len(self._queue) >= BATCH_ENTRIES:
             self._wake.set()
 
     def record(self, kind: str, **fields: Any) -> None:
         """Any other event (client events): keys as in the schema; None values are left out."""
+        if self.holding is not None and not self.holding():
+            return
         self._queue.append((kind, fields.pop("ts_ns", None) or time.time_ns(), fields))
         if len(self._queue) >= BATCH_ENTRIES:
             self._wake.set()

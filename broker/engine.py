@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -41,6 +41,11 @@ SWEEP_S = 1.0  # how often idle auto-created queues are looked for
 AUTO_CREATED = "pinmq-auto-created"  # marks a stored queue definition as auto-created
 STORE_FILE = "store.db"
 log = logs.get("node")
+
+
+class NotServing(Exception):
+    """This process stopped holding its logical node (an ha pair member that lost its
+    quorum): nothing more is carried out, and the node stops."""
 
 
 class StartupError(Exception):
@@ -123,6 +128,8 @@ class Engine:
         self._room = asyncio.Event()  # set when memory frees while queues page
         self._space = asyncio.Event()  # replaced once set: wakes producers blocked (BLOCK)
         self.blocked = 0  # producers waiting for room
+        # An ha pair's active process: whether it still holds its node (`PairShell.may_serve`).
+        self.serving: Callable[[], bool] | None = None
 
     @property
     def store(self) -> Store:
@@ -204,7 +211,11 @@ class Engine:
 
         Await the returned future before confirming the operation to a client. `marks`
         (forwarded messages, `cluster/bridge.py`) are stored in the same write as the messages.
+        A process that no longer holds its ha node carries out nothing: the write fails with
+        NotServing, and so does the node.
         """
+        if self.serving is not None and not self.serving():
+            return self._fenced()
         if self.audit is not None:  # audit log: queues references, formats off the loop
             self.audit.effects(fx)
         for queue, name, unacked, ns in fx.stalled:
@@ -338,6 +349,14 @@ class Engine:
         future.add_done_callback(self._check_write)
         return future
 
+    def _fenced(self) -> asyncio.Future[None]:
+        err = NotServing(f"{self.config.node.id} is no longer held by this process")
+        self.fail(err)
+        refused: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        refused.set_exception(err)
+        refused.add_done_callback(lambda f: f.exception())  # a caller may not wait for it
+        return refused
+
     def _check_write(self, future: asyncio.Future[None]) -> None:
         if not future.cancelled() and future.exception() is not None:
             self.fail(future.exception())  # type: ignore[arg-type]
@@ -345,6 +364,9 @@ class Engine:
     def _push(
         self, deliveries: list[Delivery], receipt: tuple[ConsumerStream, Receipt] | None
     ) -> None:
+        if self.serving is not None and not self.serving():
+            self._fenced()  # decided while it held the node, but not sent before it lost it
+            return
         streams = self.streams
         if deliveries:
             first = deliveries[0].consumer_id

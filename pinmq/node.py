@@ -75,6 +75,10 @@ class Node:
         self.config = config
         self.pair = pair  # ha: the failover shell of the pair process this node serves for
         self.engine = engine = Engine(config)
+        if pair is not None:  # a process that lost its quorum carries out and records nothing
+            engine.serving = pair.may_serve
+            if engine.audit is not None:
+                engine.audit.holding = pair.may_serve
         self.sending: SendPath = LocalSendPath(engine.core)
         self.cluster: ClusterNode | None = None  # set by start() when `cluster` is configured
         self.handler: GroupingHandler | None = None  # set with the cluster, if configured
