@@ -25,6 +25,7 @@ import msgpack
 import structlog
 from grpc import aio
 
+from broker.engine import NotServing
 from broker.sqlite_file import Pinned
 from pinmq_pb import cluster_pb2 as pb
 
@@ -64,10 +65,6 @@ class Gate(Protocol):
     def backup_lost(self) -> None: ...
 
     def peer_is(self, name: str, address: str) -> None: ...
-
-
-class NotServing(Exception):
-    """A write came after this process stopped holding the logical node: it is refused."""
 
 
 class _Backup:
