@@ -16,6 +16,7 @@ import subprocess
 from collections import Counter
 from collections.abc import Callable
 
+import grpc
 import pytest
 from conftest import PINMQ, NodeProcess, cli, unique
 
@@ -27,6 +28,7 @@ from broker.client import (
     Received,
     Unavailable,
 )
+from broker.client.errors import from_rpc
 from broker.message import DUPLICATE_ID_HEADER
 
 GUARD_S = 60.0
@@ -242,3 +244,28 @@ def test_cli_consume_moves_to_the_next_node_of_pinmq_url_and_says_so(node_factor
     assert consume.returncode == 0, err
     assert len(out.splitlines()) == 2
     assert f"pinmq: lost the connection to {a.url}; now connected to {b.url}" in err
+
+
+class _Failed(grpc.RpcError):
+    """A failed call as grpcio reports it (code, details, trailing metadata)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self) -> tuple[()]:
+        return ()
+
+
+def test_a_write_on_a_stream_its_node_ended_is_an_unknown_outcome_to_fail_over_from() -> None:
+    """grpcio aio reports a write after the stream ended (its node was killed under a send) as
+    INTERNAL "Internal error from Core": a lost link, to retry elsewhere, not a refusal."""
+    err = from_rpc(_Failed(grpc.StatusCode.INTERNAL, "Internal error from Core"), "n1:1")
+    assert isinstance(err, OutcomeUnknown) and err.code == "UNAVAILABLE"
+    other = from_rpc(_Failed(grpc.StatusCode.INTERNAL, "a bug in the node"), "n1:1")
+    assert not isinstance(other, OutcomeUnknown) and other.code == "INTERNAL"

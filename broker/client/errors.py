@@ -81,6 +81,9 @@ def error_for(code: str, message: str) -> PinmqError:
 REFUSED_METADATA = ("pinmq-refused", "1")  # the node answered: its refusal, not a lost link
 # gRPC's words when a call failed before any byte of it left: the channel could not connect.
 _NOT_CONNECTED = ("failed to connect", "connection refused", "connect failed", "dns resolution")
+# grpcio aio (grpc/grpc#36066): a write on a stream that had already ended (its node was killed
+# under it) fails, and the call then reports this instead of the status that ended it.
+_WRITE_AFTER_END = "Internal error from Core"
 
 
 def from_rpc(err: grpc.RpcError, target: str) -> PinmqError:
@@ -96,6 +99,10 @@ def from_rpc(err: grpc.RpcError, target: str) -> PinmqError:
         return OutcomeUnknown(
             f"lost the connection to {target} after sending: the outcome is unknown ({details})",
             name,
+        )
+    if name == "INTERNAL" and details == _WRITE_AFTER_END:
+        return OutcomeUnknown(
+            f"the stream to {target} ended under a write: the outcome is unknown", "UNAVAILABLE"
         )
     if name == "DEADLINE_EXCEEDED":
         return OutcomeUnknown(f"no answer from {target} in time: the outcome is unknown", name)
