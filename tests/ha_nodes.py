@@ -63,11 +63,16 @@ def ha_detail(node: NodeProcess, key: str) -> Any:
 
 
 class HaCluster:
-    """With `proxied`, everything between the pair's two processes goes through test proxies
+    """`extra`: more top-level config sections for every process (e.g. `audit`). With
+    `proxied`, everything between the pair's two processes goes through test proxies
     (`cut_pair`), while both still reach node2 and node3 directly."""
 
     def __init__(
-        self, workdir: Path, ha: dict[str, Any] | None = None, proxied: bool = False
+        self,
+        workdir: Path,
+        ha: dict[str, Any] | None = None,
+        proxied: bool = False,
+        extra: dict[str, Any] | None = None,
     ) -> None:
         names = (PRIMARY, BACKUP, "node2", "node3")
         self.cluster = {n: f"127.0.0.1:{reserve_port()}" for n in names}
@@ -93,6 +98,7 @@ class HaCluster:
                 "cluster": {"connectors": connectors[name], "reconnect-interval": 100},
                 "grouping-handler": {"type": "LOCAL" if name in (PRIMARY, BACKUP) else "REMOTE"},
             }
+            config.update(extra or {})
             if name == PRIMARY:
                 config["ha"] = {"role": "primary", **(ha or {})}
             elif name == BACKUP:

@@ -14,28 +14,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import shutil
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cluster_nodes import NODES, ClusterNodes, create_everywhere, grouping
-from conftest import PINMQ, unique
+from conftest import unique
+from drill_parts import HOLD, Worker, clean_check
 
 from broker.audit import read_events
-from broker.client import Client, PinmqError, Producer, Received
+from broker.client import Client, PinmqError, Producer
 
 TIMEOUT_MS = 500  # the grouping handler's decision timeout
 GROUPS = 24
 PER_GROUP = 30  # messages per group: half before the kill, half while the node is away
-HOLD = 8  # each consumer keeps its newest deliveries unacked, so a kill finds some out
 WAIT_S = 60.0
 
 
@@ -53,45 +50,6 @@ def drill(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Drill]:
         yield Drill(nodes, tmp_path / "history")
     finally:
         nodes.kill_all()
-
-
-@dataclass
-class Worker:
-    """One consumer on one node that acks all but its newest HOLD deliveries as it goes."""
-
-    name: str
-    acked: set[bytes] = field(default_factory=set)  # bodies: msg ids are per node
-    held: list[Received] = field(default_factory=list)
-    unsure: set[bytes] = field(default_factory=set)  # acks in flight when the node died
-    task: asyncio.Task[None] | None = None
-
-    async def run(self, client: Client, queue: str, drain: asyncio.Event) -> None:
-        async with client.consumer(queue, name=self.name, prefetch=HOLD + 4) as consumer:
-            while True:
-                m = await consumer.receive(timeout=0.2)
-                if m is not None:
-                    self.held.append(m)
-                if len(self.held) > HOLD or (drain.is_set() and self.held):
-                    oldest = self.held.pop(0)
-                    try:
-                        await oldest.ack(wait=True)
-                    except PinmqError:
-                        self.unsure.add(oldest.body)  # committed or not: redelivered if not
-                        raise
-                    self.acked.add(oldest.body)
-
-
-async def check(history: Path, report: Path) -> tuple[dict[str, Any], str]:
-    """`pinmq check` on the history, as a user runs it: its summary and its output."""
-    done = await asyncio.to_thread(
-        subprocess.run,
-        [*PINMQ, "check", str(history), "--master", "local[2]", "--report", str(report)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode in (0, 1), done.stderr
-    return json.loads((report / "summary.json").read_text()), done.stdout
 
 
 class Drill:
@@ -204,12 +162,7 @@ class Drill:
         for node_id in NODES:
             audit = self.nodes.nodes[node_id].data_dir / "audit"
             shutil.copytree(audit, self.history / node_id)
-        summary, output = await check(self.history, report)
-        counts = summary["violations"]
-        assert {"lost", "duplicates", "order", "exclusivity"} <= counts.keys(), counts
-        assert counts == {k: 0 for k in counts}, output
-        assert "verdict: CLEAN" in output
-        return summary["stats"]
+        return await clean_check(self.history, report)
 
 
 async def test_a_remote_node_killed_with_messages_out_comes_back_without_breaking_a_group(

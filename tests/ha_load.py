@@ -1,0 +1,389 @@
+"""Audited grouped load for the ha drills (tests/test_ha.py) and its verdict by `pinmq check`.
+
+A queue on node1 (the pair), node2 and node3. Consumers: a Python client with the pair's
+address list, a stomp.py connection with the pair's host list, and a Python client on each
+REMOTE node; each acks as it goes while holding its newest deliveries out. Producers: Python
+clients with the address list and on node2 (node1's groups then reach it by store-and-forward),
+and a stomp.py producer with the host list. Every process audits, so do the clients (the
+STOMP ones through the drill's own audit log), and the drill ends with `pinmq check` on the
+whole history: no loss, no duplicate, no order or exclusivity violation, one route per
+binding and epoch.
+
+The stomp.py clients take the pair's host list as stomp.py does (it tries them in order);
+after a drop they start the list at the next host, since a frozen process still accepts TCP
+connections and would otherwise be tried first forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import stomp
+from drill_parts import Worker, clean_check
+from ha_nodes import BACKUP, PRIMARY, HaCluster
+
+from broker.audit import MID_HEADER, AuditLog
+from broker.client import Client, PinmqError
+from broker.message import DUPLICATE_ID_HEADER
+
+QUEUE = "orders"
+GROUPS = 12
+PY_GROUPS = range(0, 8)  # sent with the Python client: even ones through the pair, odd via node2
+STOMP_GROUPS = range(8, GROUPS)  # sent with stomp.py through the pair
+HOLD = 2
+WAIT_S = 60.0
+CONNECT_S = 3.0  # a host that accepted the TCP connection but sent no CONNECTED by then is left
+AUDIT = {"audit": {"enabled": True, "flush-ms": 20}}
+
+
+def body(group: int, seq: int) -> bytes:
+    return f"g{group:02d}-{seq}".encode()
+
+
+class _Listener(stomp.ConnectionListener):
+    """One stomp.py connection's events, as the drill's threads wait for them."""
+
+    def __init__(self, on_message: Callable[[Any], None] | None = None) -> None:
+        self.cond = threading.Condition()
+        self.connected = False
+        self.lost = False
+        self.receipts: set[str] = set()
+        self.on = on_message
+
+    def _set(self, update: Callable[[], None]) -> None:
+        with self.cond:
+            update()
+            self.cond.notify_all()
+
+    def on_connected(self, frame: Any) -> None:
+        self._set(lambda: setattr(self, "connected", True))
+
+    def on_disconnected(self) -> None:
+        self._set(lambda: setattr(self, "lost", True))
+
+    def on_heartbeat_timeout(self) -> None:
+        self._set(lambda: setattr(self, "lost", True))
+
+    def on_error(self, frame: Any) -> None:  # the node closes the connection after an ERROR
+        self._set(lambda: setattr(self, "lost", True))
+
+    def on_receipt(self, frame: Any) -> None:
+        self._set(lambda: self.receipts.add(frame.headers["receipt-id"]))
+
+    def on_message(self, frame: Any) -> None:
+        if self.on is not None:
+            self.on(frame)
+
+    def wait(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Until `predicate` holds (True) or the connection is lost or `timeout` passes."""
+        with self.cond:
+            return self.cond.wait_for(lambda: predicate() or self.lost, timeout) and predicate()
+
+    def is_connected(self) -> bool:
+        return self.connected
+
+    def receipt(self, receipt: str) -> bool:
+        return self.wait(lambda: receipt in self.receipts, WAIT_S)
+
+
+class StompLink:
+    """stomp.py connections over a host list: a dropped one is replaced by a new connection
+    whose list starts at the host after the one it was on."""
+
+    def __init__(self, hosts: list[tuple[str, int]], stop: threading.Event) -> None:
+        self.hosts, self.stop = hosts, stop
+        self.start = 0
+        self.conn: Any = None
+        self.listener = _Listener()
+        self.opened = 0  # connections made, the first included
+
+    def open(self, on_message: Callable[[Any], None] | None = None) -> bool:
+        """Connect (False if told to stop first); any earlier connection is dropped."""
+        while not self.stop.is_set():
+            self.close()
+            hosts = self.hosts[self.start :] + self.hosts[: self.start]
+            self.start = (self.start + 1) % len(self.hosts)
+            conn = stomp.Connection12(
+                hosts,
+                heartbeats=(500, 500),
+                reconnect_attempts_max=1,
+                reconnect_sleep_initial=0.05,
+                timeout=CONNECT_S,
+            )
+            listener = _Listener(on_message)
+            conn.set_listener("drill", listener)
+            self.conn, self.listener = conn, listener
+            with contextlib.suppress(stomp.exception.ConnectFailedException, OSError):
+                conn.connect(wait=False)
+                if listener.wait(listener.is_connected, CONNECT_S):
+                    self.opened += 1
+                    return True
+            time.sleep(0.1)
+        return False
+
+    def close(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.disconnect()
+            with contextlib.suppress(Exception):
+                conn.transport.stop()
+
+
+class StompProducer:
+    """Sends each group's messages in order, one SEND with a receipt at a time; a send whose
+    receipt did not come is sent again, the same message (same mid and duplicate id), on a
+    new connection. `client_sent` is audited once the receipt came."""
+
+    def __init__(self, hosts: list[tuple[str, int]], audit: AuditLog, name: str) -> None:
+        self.stop = threading.Event()
+        self.link = StompLink(hosts, self.stop)
+        self.audit, self.name = audit, name
+        self.confirmed: set[bytes] = set()
+        self._n = 0
+
+    def send(self, items: list[tuple[int, int]], pause_s: float) -> None:
+        """(group, seq) items, in order; blocking (run it in a thread)."""
+        for group, seq in items:
+            self._n += 1
+            mid = f"{self.name}/{self._n}"
+            headers = {
+                "JMSXGroupID": f"g{group:02d}",
+                "JMSXGroupSeq": str(seq + 1),
+                MID_HEADER: mid,
+                DUPLICATE_ID_HEADER: mid,
+                "persistent": "true",
+            }
+            attempt = 0
+            while not self.stop.is_set():
+                down = self.link.conn is None or self.link.listener.lost
+                if down and not self.link.open():
+                    return
+                attempt += 1
+                receipt = f"{mid}#{attempt}"
+                listener = self.link.listener
+                try:
+                    self.link.conn.send(
+                        f"/queue/{QUEUE}", body(group, seq), headers={**headers, "receipt": receipt}
+                    )
+                except (stomp.exception.NotConnectedException, OSError):
+                    self.link.close()
+                    continue
+                if listener.receipt(receipt):
+                    self.confirmed.add(body(group, seq))
+                    self.audit.record(
+                        "client_sent",
+                        mid=mid,
+                        address=QUEUE,
+                        group=headers["JMSXGroupID"],
+                        group_seq=seq + 1,
+                        producer=self.name,
+                    )
+                    break
+                self.link.close()
+            time.sleep(pause_s)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.link.close()
+
+
+class StompConsumer:
+    """A client-individual subscription that acks (with a receipt) all but its newest HOLD
+    messages; after a drop it subscribes again on a new connection and forgets what it held
+    (the node delivers it again). Audited as the Python client does: `client_received`, and
+    `client_acked` once the ACK is sent (its node may die before the receipt, and before
+    its own audit log has the ack)."""
+
+    def __init__(self, hosts: list[tuple[str, int]], audit: AuditLog) -> None:
+        self.audit = audit
+        self.stop = threading.Event()
+        self.drain = threading.Event()
+        self.link = StompLink(hosts, self.stop)
+        self.acked: set[bytes] = set()
+        self._inbox: list[Any] = []
+        self._cond = threading.Condition()
+        self.thread = threading.Thread(target=self._run, name="stomp-consumer", daemon=True)
+
+    def _record(self, kind: str, frame: Any) -> None:
+        h = frame.headers
+        mid = h.get(MID_HEADER, "")
+        self.audit.record(
+            kind,
+            mid=mid or None,
+            address=QUEUE,
+            queue=QUEUE,
+            group=h.get("JMSXGroupID"),
+            group_seq=int(h.get("JMSXGroupSeq", 0)) or None,
+            producer=mid.rpartition("/")[0] or None,
+            consumer_name="stomp-consumer",
+        )
+
+    def _arrived(self, frame: Any) -> None:
+        self._record("client_received", frame)
+        with self._cond:
+            self._inbox.append((self.link.listener, frame))
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        held: list[Any] = []
+        n = 0
+        while self.link.open(self._arrived):
+            listener, conn = self.link.listener, self.link.conn
+            held.clear()
+            n += 1
+            ready = f"sub-{n}"
+            conn.subscribe(
+                f"/queue/{QUEUE}", id="drill", ack="client-individual", headers={"receipt": ready}
+            )
+            if not listener.receipt(ready):
+                continue
+            while not listener.lost and not self.stop.is_set():
+                with self._cond:
+                    self._cond.wait_for(lambda: bool(self._inbox), 0.1)
+                    arrived, self._inbox = self._inbox, []
+                held.extend(frame for source, frame in arrived if source is listener)
+                while held and (len(held) > HOLD or self.drain.is_set()):
+                    frame = held.pop(0)
+                    receipt = f"ack-{frame.headers['ack']}-{n}"
+                    try:
+                        conn.ack(frame.headers["ack"], receipt=receipt)
+                    except (stomp.exception.NotConnectedException, OSError):
+                        break
+                    self._record("client_acked", frame)
+                    # Without its receipt it may or may not have been done: counted either
+                    # way, as it comes again if not.
+                    listener.receipt(receipt)
+                    self.acked.add(frame.body.encode())
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(WAIT_S)
+        self.link.close()
+
+
+class HaLoad:
+    """The drill's clients on an `HaCluster` started with `AUDIT`, and the verdict."""
+
+    def __init__(self, ha: HaCluster, history: Path) -> None:
+        self.ha, self.history = ha, history
+        self.clients_dir = history / "clients"
+        self.clients_dir.mkdir(parents=True)
+        self.drain = asyncio.Event()
+        self.workers: list[Worker] = []
+        self.clients: list[Client] = []
+        self.confirmed: set[bytes] = set()
+        self.failures: list[str] = []  # sends that failed for good, and why
+        names = ("stomp-producer", "stomp-consumer")
+        self.stomp_audits = [AuditLog(self.clients_dir, name).start() for name in names]
+        pair = [("127.0.0.1", ha.primary.stomp_port), ("127.0.0.1", ha.backup.stomp_port)]
+        self.stomp_producer = StompProducer(pair, self.stomp_audits[0], "stomp-producer")
+        self.stomp_consumer = StompConsumer(pair, self.stomp_audits[1])
+        self._closed = False
+
+    async def start(self) -> None:
+        """The queue everywhere, then every consumer."""
+        for url in (self.ha.pair_url, self.ha.nodes["node2"].url, self.ha.nodes["node3"].url):
+            async with Client(url) as client:
+                await client.create_queue(QUEUE)
+        await self.add_worker("py-pair", self.ha.pair_url)
+        await self.add_worker("py-node2", self.ha.nodes["node2"].url)
+        await self.add_worker("py-node3", self.ha.nodes["node3"].url)
+        self.stomp_consumer.thread.start()
+
+    async def add_worker(self, name: str, url: str) -> Worker:
+        """A Python consumer on `url` (an address list: it fails over)."""
+        client = Client(url, audit=self.clients_dir, audit_name=name)
+        await client.connect()
+        self.clients.append(client)
+        worker = Worker(name, hold=HOLD, failover="," in url)
+        worker.task = asyncio.create_task(worker.run(client, QUEUE, self.drain))
+        self.workers.append(worker)
+        return worker
+
+    async def send(self, turns: range, pause_s: float = 0.01) -> None:
+        """Every group's messages of `turns`, the groups concurrently, one at a time each.
+
+        A Python send that fails for good ends its group's part (what was confirmed counts).
+        """
+
+        async def python_group(g: int) -> None:
+            url = self.ha.pair_url if g % 2 == 0 else self.ha.nodes["node2"].url
+            name = f"py-g{g:02d}-{turns.start}"
+            async with Client(url, audit=self.clients_dir, audit_name=name) as client:
+                producer = client.producer(QUEUE, group_id=f"g{g:02d}")
+                for i in turns:
+                    try:
+                        await producer.send(body(g, i))
+                    except PinmqError as err:
+                        self.failures.append(f"g{g:02d}-{i} via {url}: {err}")
+                        return
+                    self.confirmed.add(body(g, i))
+                    await asyncio.sleep(pause_s)
+
+        def stomp_groups() -> None:
+            items = [(g, i) for i in turns for g in STOMP_GROUPS]
+            self.stomp_producer.send(items, pause_s / len(STOMP_GROUPS))
+
+        await asyncio.gather(*(python_group(g) for g in PY_GROUPS), asyncio.to_thread(stomp_groups))
+        self.confirmed |= self.stomp_producer.confirmed
+
+    async def send_new_group(self, group: int, url: str) -> None:
+        """One message of a group never sent before: its binding is new."""
+        async with Client(url, audit=self.clients_dir, audit_name=f"py-new-g{group}") as client:
+            await client.producer(QUEUE, group_id=f"g{group:02d}").send(body(group, 0))
+        self.confirmed.add(body(group, 0))
+
+    def acked(self) -> set[bytes]:
+        every = set(self.stomp_consumer.acked)
+        for w in self.workers:
+            every |= w.acked | w.unsure
+        return every
+
+    async def drained(self) -> None:
+        """Until every confirmed message is acked by some consumer."""
+        self.drain.set()
+        self.stomp_consumer.drain.set()
+        deadline = asyncio.get_running_loop().time() + WAIT_S
+        while not self.confirmed <= self.acked():
+            missing = sorted(self.confirmed - self.acked())
+            assert asyncio.get_running_loop().time() < deadline, (
+                f"{len(missing)} of {len(self.confirmed)} confirmed never acked: {missing[:10]}"
+            )
+            await asyncio.sleep(0.05)
+
+    async def close(self) -> None:
+        """Stop every client and close the audit logs (again: nothing more)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.stomp_producer.close()
+        await asyncio.to_thread(self.stomp_consumer.close)
+        tasks = [w.task for w in self.workers if w.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for client in self.clients:
+            await client.close()
+        for audit in self.stomp_audits:
+            audit.close()
+
+    async def verdict(self, report: Path) -> dict[str, Any]:
+        """Stop every process cleanly (each writes its audit tail), gather every audit log,
+        require a clean `pinmq check`; its stats."""
+        for node in self.ha.nodes.values():
+            if node.proc is not None and node.proc.poll() is None:
+                node.stop()
+        for name, node in self.ha.nodes.items():
+            audit = node.data_dir / "audit"
+            if audit.exists():
+                shutil.copytree(audit, self.history / name)
+        assert (self.history / PRIMARY).exists() and (self.history / BACKUP).exists()
+        return await clean_check(self.history, report)
