@@ -26,6 +26,7 @@ from grpc import aio
 
 from broker import channels, sqlite_file
 from broker.config import NodeConfig
+from broker.engine import NotServing
 from cluster.failover import (
     Ballot,
     Durable,
@@ -58,7 +59,7 @@ def now_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
-class Fenced(Exception):
+class Fenced(NotServing):
     """This process may not serve the logical node now: it lost its quorum or its epoch."""
 
 

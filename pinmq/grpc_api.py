@@ -24,7 +24,7 @@ from broker.clock import now_ns
 from broker.config import QueueConfig
 from broker.core import CoreError
 from broker.effects import Delivery
-from broker.engine import ConsumerStream, Engine, Receipt
+from broker.engine import ConsumerStream, Engine, NotServing, Receipt
 from broker.sending import Outgoing, SendPath
 from broker.store import StoreError
 from broker.validation import InvalidInput, check_headers, check_size
@@ -71,7 +71,15 @@ async def _abort(context: aio.ServicerContext, err: Exception) -> NoReturn:
         await _refuse(context, grpc.StatusCode.UNAVAILABLE, f"store write failed: {err}")
     if isinstance(err, MemoryError):
         await _refuse(context, grpc.StatusCode.RESOURCE_EXHAUSTED, "the node is out of memory")
+    if isinstance(err, NotServing):
+        await _gone(context, err)
     raise err
+
+
+async def _gone(context: aio.ServicerContext, err: NotServing) -> NoReturn:
+    """An ha pair process that stopped holding its node: not a refusal (no metadata), so a
+    client with the pair's other address goes there, sending again what was not confirmed."""
+    await context.abort(grpc.StatusCode.UNAVAILABLE, f"{err}: its pair's other process serves")
 
 
 def make_server(
@@ -185,7 +193,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         A batch that waits for a grouping decision holds back the batches behind it, so a
         stream's batches are always routed in the order they were sent.
         """
-        Pending = tuple[int, list[int], asyncio.Future[None] | None] | pb.SendResult
+        Pending = tuple[int, list[int], asyncio.Future[None] | None] | pb.SendResult | NotServing
         results: asyncio.Queue[Pending | None] = asyncio.Queue()
 
         async def take() -> None:
@@ -201,6 +209,9 @@ class BrokerService(pb_grpc.BrokerServicer):
 
                     try:
                         results.put_nowait((n, *await self._send(request.messages, blocked)))
+                    except NotServing as err:
+                        results.put_nowait(err)
+                        return
                     except (_Refused, CoreError) as err:
                         code = err.code if isinstance(err, _Refused) else _status(err)
                         results.put_nowait(
@@ -215,10 +226,14 @@ class BrokerService(pb_grpc.BrokerServicer):
                 if isinstance(item, pb.SendResult):
                     yield item
                     continue
+                if isinstance(item, NotServing):
+                    await _gone(context, item)
                 n, ids, write = item
                 try:
                     if write is not None:
                         await write
+                except NotServing as err:
+                    await _gone(context, err)
                 except StoreError as err:
                     yield pb.SendResult(batch=n, error_code="UNAVAILABLE", error_message=str(err))
                     continue
