@@ -259,7 +259,8 @@ class AuditLog:
             self._wake.set()
 
     def record(self, kind: str, **fields: Any) -> None:
-        """Any other event (client events): keys as in the schema; None values are left out."""
+        """Any other event (client events): keys as in the schema; None values are left out.
+        `node` overrides the writer's (a client names the node it was connected to then)."""
         if self.holding is not None and not self.holding():
             return
         self._queue.append((kind, fields.pop("ts_ns", None) or time.time_ns(), fields))
@@ -434,7 +435,8 @@ class AuditLog:
         """A `record` event (a dict) or a `routed` one (fields as `routed` queued them)."""
         if type(fields) is not dict:
             return self._routed_line(ts, fields, n)
-        head = f'{{"ts_ns":{ts},"node":{self._node_json}'
+        node = fields.pop("node", None)  # a failover client's node of the moment
+        head = f'{{"ts_ns":{ts},"node":{self._node_json if node is None else _enc(node)}'
         epoch = fields.pop("epoch", None)
         if epoch is not None:
             head += f',"epoch":{int(epoch)}'

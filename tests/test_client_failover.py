@@ -15,11 +15,13 @@ import signal
 import subprocess
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 
 import grpc
 import pytest
 from conftest import PINMQ, NodeProcess, cli, unique
 
+from broker.audit import read_events, segments
 from broker.client import (
     Client,
     ConnectionLost,
@@ -269,3 +271,27 @@ def test_a_write_on_a_stream_its_node_ended_is_an_unknown_outcome_to_fail_over_f
     assert isinstance(err, OutcomeUnknown) and err.code == "UNAVAILABLE"
     other = from_rpc(_Failed(grpc.StatusCode.INTERNAL, "a bug in the node"), "n1:1")
     assert not isinstance(other, OutcomeUnknown) and other.code == "INTERNAL"
+
+
+async def test_an_auditing_client_names_the_node_it_was_on_for_each_event(
+    node_factory: Nodes, tmp_path: Path
+) -> None:
+    a, b = node_factory(), node_factory()
+    queue = unique()
+    await create(queue, a, b)
+    async with Client(f"{a.url},{b.url}", audit=tmp_path / "audit") as client:
+        producer = client.producer(queue, group_id="g")
+        await producer.send("at a")
+        a.kill()
+        await producer.send("at b")
+        async with client.consumer(queue) as consumer:
+            m = await consumer.receive(timeout=5)
+            assert m is not None
+            await m.ack(wait=True)
+    events = [e for path in segments(tmp_path / "audit") for e in read_events(path)]
+    assert [(e["kind"], e["node"]) for e in events] == [
+        ("client_sent", a.url),
+        ("client_sent", b.url),
+        ("client_received", b.url),
+        ("client_acked", b.url),
+    ]

@@ -337,6 +337,7 @@ class Consumer:
         mid = m.headers.get(MID_HEADER)
         audit.record(
             kind,
+            node=self._node,
             msg_id=m.msg_id,
             mid=mid,
             address=m.address,

@@ -165,7 +165,7 @@ class Producer:
                         message = f"refused by {target}: {result.error_message}"
                         raise error_for(result.error_code, message)
                     backlog.ids.extend(result.msg_ids)
-                    self._audit_sent(backlog.unconfirmed.popleft(), result.msg_ids)
+                    self._audit_sent(backlog.unconfirmed.popleft(), result.msg_ids, target)
                     if on_sent is not None:
                         on_sent(len(result.msg_ids))
                     credit.release()
@@ -218,8 +218,8 @@ class Producer:
                 "UNAVAILABLE",
             )
 
-    def _audit_sent(self, messages: Sequence[pb.Message], ids: Sequence[int]) -> None:
-        """`client_sent` for messages the node confirmed (audit log only)."""
+    def _audit_sent(self, messages: Sequence[pb.Message], ids: Sequence[int], node: str) -> None:
+        """`client_sent` for messages `node` confirmed (audit log only)."""
         audit = self._client.audit
         if audit is None or self.producer_id is None:
             return
@@ -228,6 +228,7 @@ class Producer:
             seq = m.headers.get(GROUP_SEQ_HEADER)
             audit.record(
                 "client_sent",
+                node=node,
                 msg_id=msg_id,
                 mid=m.headers.get(MID_HEADER),
                 address=m.address,
