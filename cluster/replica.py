@@ -2,7 +2,11 @@
 
 The backup connects to its primary's `Cluster.Replicate`, receives a snapshot of the store and
 the bindings file, writes it to fresh files beside the real ones and swaps them in only once
-complete (a snapshot cut short leaves the old files or nothing, never half of one). Then it
+complete. The swap of the two files is one step even across a crash: it starts only once every
+new file is whole and durable, under a marker file, and `recover` finishes a swap the marker
+shows begun, or drops the partial files of one that was not; so the real files always hold one
+whole snapshot, the old or the new, never the store of one and the bindings of the other (the
+data a restarted backup is elected on, see `Durable.data_epoch`). Then it
 applies every write request the primary makes, in order, through the same writer threads the
 node uses, and reports the highest sequence it holds on disk: the primary's writes wait for
 that once the backup is in sync. A broken stream is retried with a fresh snapshot.
@@ -34,6 +38,13 @@ from pinmq_pb import cluster_pb2_grpc as pb_grpc
 log = structlog.get_logger(__name__)
 
 SYNC_SUFFIX = ".sync"  # a snapshot being received, beside the file it will replace
+SWAP_MARKER = "replica-swap"  # in the data dir while whole snapshot files replace the real ones
+# One write request can be bigger than gRPC's default 4 MiB (limits.max-message-size is 10 MiB).
+CHANNEL_OPTIONS = [
+    *channels.keepalive(),
+    *channels.reconnect(),
+    ("grpc.max_receive_message_length", -1),
+]
 
 
 class Follower:
@@ -60,7 +71,8 @@ class Follower:
         self.cluster_address = cluster_address
         self.on_synced = on_synced
         self.on_broken = on_broken
-        self.paths = {"store": data_dir / STORE_FILE, "bindings": data_dir / BINDINGS_FILE}
+        self.paths = _paths(data_dir)
+        recover(data_dir)  # before anything opens the files
         self.state = "connecting"  # connecting | receiving snapshot | following
         self.primary_id: str | None = None
         self.durable = 0  # highest sequence of the primary's writes on our disk
@@ -97,9 +109,7 @@ class Follower:
         reports: asyncio.Queue[pb.ReplicaReport] = asyncio.Queue()
         applied: deque[tuple[int, asyncio.Future[None]]] = deque()
         woken = asyncio.Event()
-        async with aio.insecure_channel(
-            self.primary, options=channels.keepalive() + channels.reconnect()
-        ) as channel:
+        async with aio.insecure_channel(self.primary, options=CHANNEL_OPTIONS) as channel:
             call = pb_grpc.ClusterStub(channel).Replicate(self._reports(reports))
             confirming = asyncio.ensure_future(self._confirm(applied, woken, reports))
             try:
@@ -145,9 +155,9 @@ class Follower:
         self.state = "receiving snapshot"
         await self._close_stores()
         await self._close_bulk()
+        await asyncio.to_thread(_settle_swap, self.paths)  # an install that failed midway
         for name, path in self.paths.items():
             tmp = _sync_path(path)
-            _remove(tmp)
             opened = Store.open(tmp) if name == "store" else BindingStore.open(tmp)
             await opened.close()
             conn = sqlite3.connect(tmp, check_same_thread=False)
@@ -160,7 +170,7 @@ class Follower:
         if data:
             marks = ",".join("?" * len(data[0]))
             sql = f"INSERT OR REPLACE INTO {rows.table} VALUES ({marks})"
-            await asyncio.to_thread(conn.executemany, sql, data)
+            await asyncio.to_thread(_insert, conn, sql, data)
 
     async def _install(self) -> None:
         """Commit the snapshot files, then swap each in for its real file and open it."""
@@ -210,28 +220,98 @@ class Follower:
                 conn.close()
 
 
+def recover(data_dir: Path) -> None:
+    """After a crash, before the files are opened: leave one whole snapshot in place. Safe to
+    call whenever no follower writes to `data_dir`."""
+    _settle_swap(_paths(data_dir))
+
+
+def _paths(data_dir: Path) -> dict[str, Path]:
+    return {"store": data_dir / STORE_FILE, "bindings": data_dir / BINDINGS_FILE}
+
+
+def _insert(conn: sqlite3.Connection, sql: str, rows: Sequence[Any]) -> None:
+    """executemany with its cursor closed in this thread: a cursor freed later in the loop's
+    thread resets the cached statement the next executemany runs (SQLITE_MISUSE)."""
+    conn.executemany(sql, rows).close()
+
+
 def _sync_path(path: Path) -> Path:
     return path.with_name(path.name + SYNC_SUFFIX)
 
 
+def _sidecars(path: Path) -> tuple[Path, Path]:
+    """A SQLite file's WAL and shared-memory files."""
+    return sqlite_file.wal_path(path), path.with_name(path.name + "-shm")
+
+
 def _remove(path: Path) -> None:
     """A SQLite file with its WAL and shared-memory files."""
-    for p in (path, sqlite_file.wal_path(path), path.with_name(path.name + "-shm")):
-        with contextlib.suppress(FileNotFoundError):
-            p.unlink()
+    for p in (path, *_sidecars(path)):
+        p.unlink(missing_ok=True)
+
+
+def _settle_swap(paths: dict[str, Path]) -> None:
+    """Finish a swap that began (its marker is there), else drop any partial snapshot."""
+    directory = next(iter(paths.values())).parent
+    if (directory / SWAP_MARKER).exists():
+        log.warning("finishing the install of a snapshot that was cut short", path=str(directory))
+        _finish_swap(paths)
+    else:
+        for path in paths.values():
+            _remove(_sync_path(path))
 
 
 def _swap_in(bulk: dict[str, sqlite3.Connection], paths: dict[str, Path]) -> None:
-    """Make each snapshot file whole and durable, then put it where its real file was."""
+    """Make every snapshot file whole and durable, then mark the swap begun and put each in
+    place of its real file: a crash before the mark leaves the old files, after it `recover`
+    puts the rest of the new ones in place."""
     for name, conn in bulk.items():
-        conn.execute("COMMIT")
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-        conn.close()
-        path = paths[name]
-        tmp = _sync_path(path)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        _remove(path)  # its WAL must not be replayed onto the new file
-        os.replace(tmp, path)
-        _remove(tmp)
-        sqlite_file.fsync_dir(path.parent)
+        _seal(conn, _sync_path(paths[name]))
+    directory = next(iter(paths.values())).parent
+    sqlite_file.fsync_dir(directory)  # the snapshot files' names, before the mark that needs them
+    _mark(directory)
+    _finish_swap(paths)
+
+
+def _seal(conn: sqlite3.Connection, tmp: Path) -> None:
+    """Commit a snapshot file, fold its WAL in and make it durable on its own."""
+    conn.execute("COMMIT")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    conn.close()
+    for p in _sidecars(tmp):
+        p.unlink(missing_ok=True)
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def _mark(directory: Path) -> None:
+    marker = directory / SWAP_MARKER
+    with open(marker, "wb") as f:
+        os.fsync(f.fileno())
+    sqlite_file.fsync_dir(directory)
+
+
+def _finish_swap(paths: dict[str, Path]) -> None:
+    """Put every snapshot file still beside its real file in its place, then drop the mark.
+    Idempotent: a crash anywhere in it is finished by running it again."""
+    for path in paths.values():
+        if _sync_path(path).exists():
+            _put_in_place(path)
+        else:  # already in place; nothing opened it yet, so WAL files are the old file's
+            for p in _sidecars(path):
+                p.unlink(missing_ok=True)
+    directory = next(iter(paths.values())).parent
+    sqlite_file.fsync_dir(directory)  # every rename, before the mark goes
+    _unmark(directory)
+
+
+def _put_in_place(path: Path) -> None:
+    for p in _sidecars(path):  # the old file's WAL must not be replayed onto the new file
+        p.unlink(missing_ok=True)
+    os.replace(_sync_path(path), path)
+
+
+def _unmark(directory: Path) -> None:
+    (directory / SWAP_MARKER).unlink(missing_ok=True)
+    sqlite_file.fsync_dir(directory)

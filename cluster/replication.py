@@ -9,8 +9,11 @@ snapshot on disk and is at most `SYNC_LAG` requests behind (or has everything, w
 every new write waits until the backup reports it durable too, and the backup counts as in
 sync once it holds every write before the first that waited.
 
-A backup that is gone, or does not confirm a write within `failure-timeout`, is dropped: the
-waiting writes complete and the primary carries on alone (logged, and in health).
+A backup that is gone, more than `MAX_QUEUED_BYTES` behind, or does not confirm a write within
+`failure-timeout`, is dropped: what it was still to get is freed, its stream ends even if it
+reads nothing more, and the writes that waited for it complete as any write it does not hold:
+once the gate allows (the voters know it is out of sync). The primary carries on alone (logged,
+and in health); the backup catches up again with a fresh snapshot.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any, Protocol
 
+import grpc
 import msgpack
 import structlog
 from grpc import aio
@@ -34,6 +38,7 @@ log = structlog.get_logger(__name__)
 SYNC_LAG = 1000  # requests behind at most when writes start waiting for the backup
 ROWS_PER_FRAME = 1000
 OPS_PER_FRAME = 500
+FRAME_BYTES = 4 * 1024 * 1024  # a frame holds at most this much (or one row or op, if bigger)
 MAX_QUEUED_BYTES = 256 * 1024 * 1024  # a backup further behind than that is dropped
 
 
@@ -85,6 +90,7 @@ class _Backup:
         self.synced_at: int | None = None  # every write after this sequence waits for it
         self.waiting: deque[tuple[int, asyncio.Future[None], float]] = deque()
         self.lost: BackupLost | None = None
+        self.gone = asyncio.Event()  # dropped: its stream ends
 
     @property
     def in_sync(self) -> bool:
@@ -128,24 +134,33 @@ class _Backup:
         return bool(self.waiting) and now - self.waiting[0][2] > self.timeout_s
 
     def drop(self, reason: str) -> None:
-        """Stop waiting for it: the writes that waited complete, the primary goes on alone."""
+        """Stop waiting for it and free what it was still to get. The writes that waited for
+        it may not be acknowledged before the voters know it is out of sync (else it could be
+        elected without them): they complete as the gate admits writes alone."""
         if self.lost is not None:
             return
         self.lost = BackupLost(reason)
         log.error("backup lost: carrying on without it", backup=self.node_id, reason=reason)
         if self.gate is not None:
             self.gate.backup_lost()
-        while self.waiting:
-            _, future, _ = self.waiting.popleft()
-            if not future.done():
-                future.set_result(None)
+        self.queue.clear()
+        self.queued_bytes = 0
+        waiting = [future for _, future, _ in self.waiting]
+        self.waiting.clear()
+        if waiting:
+            _admit_alone(self.gate, waiting)
         self.ready.set()
+        self.gone.set()
 
     def take(self) -> list[pb.ReplicatedOp]:
-        ops = []
+        ops: list[pb.ReplicatedOp] = []
+        size = 0
         while self.queue and len(ops) < OPS_PER_FRAME:
+            if ops and size + len(self.queue[0].payload) > FRAME_BYTES:
+                break
             op = self.queue.popleft()
             self.queued_bytes -= len(op.payload)
+            size += len(op.payload)
             ops.append(op)
         if not self.queue:
             self.ready.clear()
@@ -215,45 +230,65 @@ class Replicator:
         if self.gate is not None and hello.cluster_address:
             self.gate.peer_is(hello.node_id, hello.cluster_address)
         pins = {name: source.snapshot() for name, source in self.sources.items()}
+        busy: dict[str, asyncio.Future[Any]] = {n: pinning for n, (_, pinning) in pins.items()}
         backup = self.backup = _Backup(hello.node_id, self.seq, self.timeout_s, self.gate)
         log.info("backup connected: sending a snapshot", backup=backup.node_id, seq=backup.after)
         receiving = asyncio.ensure_future(self._receive(backup, reports))
         watching = asyncio.ensure_future(self._watch(backup))
+        gone = asyncio.ensure_future(backup.gone.wait())
         try:
             epoch = self.gate.epoch if self.gate is not None else 0
             begin = pb.SnapshotBegin(seq=backup.after, primary=self.node_id, epoch=epoch)
-            await context.write(pb.ReplicationFrame(begin=begin))
-            for name, (pinned, pinning) in pins.items():
-                await pinning
-                try:
-                    await self._send_rows(context, name, pinned)
-                finally:
-                    pinned.close()
-            await context.write(pb.ReplicationFrame(end=pb.SnapshotEnd()))
+            await _write(context, pb.ReplicationFrame(begin=begin), gone)
+            for name, (pinned, _) in pins.items():
+                await asyncio.shield(busy[name])
+                await self._send_rows(context, name, pinned, busy, gone)
+                pinned.close()
+            await _write(context, pb.ReplicationFrame(end=pb.SnapshotEnd()), gone)
             while backup.lost is None:
                 await backup.ready.wait()
                 ops = backup.take()
                 if ops:
-                    await context.write(pb.ReplicationFrame(ops=pb.ReplicatedOps(ops=ops)))
+                    await _write(context, pb.ReplicationFrame(ops=pb.ReplicatedOps(ops=ops)), gone)
+        except BackupLost:
+            pass
         except (asyncio.CancelledError, aio.AioRpcError, ConnectionError) as err:
             backup.drop(f"stream ended: {err!r}")
             raise
         finally:
-            for pinned, _ in pins.values():
-                pinned.close()
+            for name, (pinned, _) in pins.items():
+                _close_when_idle(pinned, busy[name])
             receiving.cancel()
             watching.cancel()
+            gone.cancel()
             backup.drop("stream ended")
             if self.backup is backup:
                 self.backup = None
+        # Dropped: the stream ends now, whether or not the backup reads; it hears why once it
+        # has read what was already on the way, and starts again with a fresh snapshot.
+        await context.abort(grpc.StatusCode.ABORTED, f"dropped by the primary: {backup.lost}")
 
-    async def _send_rows(self, context: aio.ServicerContext, file: str, pinned: Pinned) -> None:
+    async def _send_rows(
+        self,
+        context: aio.ServicerContext,
+        file: str,
+        pinned: Pinned,
+        busy: dict[str, asyncio.Future[Any]],
+        gone: asyncio.Future[Any],
+    ) -> None:
+        """Every row of the file's tables. Each read runs on a thread, shielded and noted in
+        `busy`: a cancelled stream must not close the pin under it (SQLite then crashes)."""
         for table in self.sources[file].TABLES:
             chunks: Iterator[list[tuple[Any, ...]]] = pinned.rows(table, ROWS_PER_FRAME)
-            while (rows := await asyncio.to_thread(next, chunks, None)) is not None:
-                data = msgpack.packb(rows, use_bin_type=True)
-                frame = pb.SnapshotRows(file=file, table=table, rows=data)
-                await context.write(pb.ReplicationFrame(rows=frame))
+            while True:
+                busy[file] = reading = asyncio.ensure_future(asyncio.to_thread(next, chunks, None))
+                rows = await asyncio.shield(reading)
+                if rows is None:
+                    break
+                for run in _runs(rows):
+                    data = msgpack.packb(run, use_bin_type=True)
+                    frame = pb.SnapshotRows(file=file, table=table, rows=data)
+                    await _write(context, pb.ReplicationFrame(rows=frame), gone)
 
     async def _receive(self, backup: _Backup, reports: AsyncIterator[pb.ReplicaReport]) -> None:
         try:
@@ -269,6 +304,83 @@ class Replicator:
             await asyncio.sleep(min(0.1, self.timeout_s / 4))
             if backup.overdue(time.monotonic()):
                 backup.drop(f"no confirmation within {self.timeout_s * 1000:.0f} ms")
+
+
+async def _write(
+    context: aio.ServicerContext, frame: pb.ReplicationFrame, gone: asyncio.Future[Any]
+) -> None:
+    """One frame to the backup, given up if it is dropped meanwhile: a backup that reads
+    nothing more would otherwise hold this stream, and everything queued for it, forever.
+    Raises `BackupLost` then (a frame given up reaches the backup whole or not at all)."""
+    if gone.done():
+        raise BackupLost("dropped")
+    writing = asyncio.ensure_future(context.write(frame))
+    try:
+        await asyncio.wait((writing, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        given_up = not writing.done()
+        if given_up:
+            writing.cancel()
+    if given_up:
+        raise BackupLost("dropped while a frame was on its way")
+    writing.result()  # what the write raised, if it failed
+
+
+def _runs(rows: list[tuple[Any, ...]]) -> Iterator[list[tuple[Any, ...]]]:
+    """`rows` in runs of about `FRAME_BYTES` at most (one row, if bigger): a frame must fit
+    gRPC's and protobuf's limits, and big messages come a thousand to a chunk."""
+    run: list[tuple[Any, ...]] = []
+    size = 0
+    for row in rows:
+        n = sum(len(v) for v in row if isinstance(v, bytes | str))
+        if run and size + n > FRAME_BYTES:
+            yield run
+            run, size = [], 0
+        run.append(row)
+        size += n
+    if run:
+        yield run
+
+
+def _close_when_idle(pinned: Pinned, busy: asyncio.Future[Any]) -> None:
+    """Close a pinned read once nothing uses it: not under a read on another thread, and not
+    before the writer pinned it (a pin taken after its close would hold the WAL forever)."""
+
+    def close(done: asyncio.Future[Any]) -> None:
+        if not done.cancelled():
+            done.exception()  # retrieved: nobody else will
+        pinned.close()
+
+    if busy.done():
+        close(busy)
+    else:
+        busy.add_done_callback(close)
+
+
+def _admit_alone(gate: Gate | None, futures: list[asyncio.Future[None]]) -> None:
+    """Complete `futures` (writes the backup may not hold) as the gate admits writes alone."""
+    try:
+        alone = None if gate is None else gate.admit_alone()
+    except Exception as err:
+        alone = _failed(err)
+    for future in futures:
+        if alone is None:
+            if not future.done():
+                future.set_result(None)
+        else:
+            alone.add_done_callback(lambda done, future=future: _copy(done, future))
+
+
+def _copy(source: asyncio.Future[None], target: asyncio.Future[None]) -> None:
+    error = None if source.cancelled() else source.exception()  # retrieved in any case
+    if target.done():
+        return
+    if source.cancelled():
+        target.cancel()
+    elif error is not None:
+        target.set_exception(error)
+    else:
+        target.set_result(None)
 
 
 def _failed(error: BaseException) -> asyncio.Future[None]:

@@ -24,7 +24,7 @@ from broker.engine import StartupError
 from broker.readiness import Readiness
 from cluster.failover import Role
 from cluster.ha import PairShell, PassiveService
-from cluster.replica import Follower
+from cluster.replica import Follower, recover
 from pinmq.http import HttpServer
 from pinmq.node import Node
 from pinmq_pb import cluster_pb2_grpc as pb_grpc
@@ -54,6 +54,9 @@ class PairProcess:
 
     async def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        # A snapshot install cut short by a crash is finished (or dropped) before anything,
+        # the failover shell included, relies on what the files hold.
+        await asyncio.to_thread(recover, self.data_dir)
         try:
             await self._serve_passively()
         except OSError as err:
