@@ -41,6 +41,13 @@ HOLD = 2
 WAIT_S = 60.0
 CONNECT_S = 3.0  # a host that accepted the TCP connection but sent no CONNECTED by then is left
 AUDIT = {"audit": {"enabled": True, "flush-ms": 20}}
+# How stomp.py's connect gives up: NotConnectedException when every host refused (between a
+# kill and the backup serving), ConnectFailedException after its attempts.
+NOT_CONNECTED = (
+    stomp.exception.ConnectFailedException,
+    stomp.exception.NotConnectedException,
+    OSError,
+)
 
 
 def body(group: int, seq: int) -> bytes:
@@ -120,7 +127,7 @@ class StompLink:
             listener = _Listener(on_message)
             conn.set_listener("drill", listener)
             self.conn, self.listener = conn, listener
-            with contextlib.suppress(stomp.exception.ConnectFailedException, OSError):
+            with contextlib.suppress(*NOT_CONNECTED):
                 conn.connect(wait=False)
                 if listener.wait(listener.is_connected, CONNECT_S):
                     self.opened += 1
