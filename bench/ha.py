@@ -13,8 +13,20 @@ on exit, error, Ctrl-C or SIGTERM; nothing is asserted on timing.
    the backup in sync, then in the same cluster after the backup is stopped (the primary goes
    on alone), as the baseline; after a warm-up, the median of `--rounds` rounds each.
    Printed: msg/s each and the ratio.
+3. Catch-up of a fresh backup: node1 serves alone (the backup not launched) while `--pending`
+   persistent grouped messages fill a queue with no consumer; then a fresh backup (empty data
+   dir) is launched while a steady load (a persistent grouped send every `--interval-ms` to a
+   second queue, a consumer reading it) runs on node1. Printed: from the launch to the snapshot
+   installed and to the backup in sync (node1's view and the backup's own); the load's rates
+   and send latency during catch-up against a `--baseline` window of node1 alone just before
+   the launch; node1's store size; how many snapshots it took, and why any broke off. Then
+   node1 gets SIGKILL and the backup must answer with all pending messages in the queue (exit
+   status 1 if not; also if not in sync within `--sync-limit` s).
 
 Usage: python bench/ha.py [--drills N] [--messages N] [--rounds R]
+                          [--catchup] [--pending N] [--interval-ms MS] [--baseline S]
+                          [--sync-limit S]
+(`--catchup`: part 3 only; `--pending 0`: no part 3)
 """
 
 from __future__ import annotations
@@ -30,19 +42,25 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import yaml
-from harness.nodes import NodeProc, wait_serving
+from harness.nodes import NodeProc, node_queues, wait_serving
 from harness.procs import reserve_port, run_main, stop, tail
+from harness.stats import pct
 
-from broker.client import Client
+from broker.client import Client, PinmqError
 from pinmq.stomp.frames import FrameParser, encode_frame
 
 QUEUE = "orders"
+LIVE = "live"  # the steady load's queue during catch-up
+FILL_CHUNK = 100_000  # fill progress is printed after each
+FAILOVER_WAIT_S = 600.0  # a bound on the backup answering after the kill, not a target
+PROGRESS_S = 10.0  # catch-up progress is printed this often
 GROUPS = [f"g{i}" for i in range(8)]
 NAMES = ("node1", "node1-backup", "node2", "node3")
 WAIT_S = 60.0
@@ -89,7 +107,9 @@ def _wait(what: str, check: Any) -> None:
 
 
 @contextmanager
-def ha_cluster(workdir: Path) -> Iterator[dict[str, NodeProc]]:
+def ha_cluster(workdir: Path, backup: bool = True) -> Iterator[dict[str, NodeProc]]:
+    """The four processes serving, the backup in sync; without `backup`, node1-backup is
+    configured but not launched (the primary serves alone until it is)."""
     listens = {
         n: {k: f"127.0.0.1:{reserve_port()}" for k in ("client", "stomp", "cluster", "http")}
         for n in NAMES
@@ -103,11 +123,13 @@ def ha_cluster(workdir: Path) -> Iterator[dict[str, NodeProc]]:
             config = _config(name, home, listens[name], clusters)
             (home / "node.yaml").write_text(yaml.safe_dump(config))
             node = NodeProc(name, listens[name], config["grouping-handler"]["type"], home)
-            node.launch()
+            if backup or name != "node1-backup":
+                node.launch()
             nodes[name] = node
         for name in ("node2", "node3", "node1"):
             wait_serving(nodes[name])
-        _wait("the backup in sync", lambda: _ha(nodes["node1"]).get("backup_in_sync"))
+        if backup:
+            _wait("the backup in sync", lambda: _ha(nodes["node1"]).get("backup_in_sync"))
         yield nodes
     finally:
         stop(*(n.proc for n in nodes.values() if n.proc is not None))
@@ -168,13 +190,17 @@ async def _drill(workdir: Path) -> tuple[float, float]:
 # ---- 2. cost of synchronous replication
 
 
-async def _python_rate(url: str, messages: int) -> float:
+async def _python_rate(url: str, messages: int, batch_size: int = 50) -> float:
+    """msg/s of `messages` (rounded down to a multiple of 8) persistent grouped sends."""
     async with Client(url) as client:
         producers = [client.producer(QUEUE, group_id=g) for g in GROUPS]
         per = messages // len(producers)
         started = time.perf_counter()
         await asyncio.gather(
-            *(p.send_many((b"x" * 100 for _ in range(per)), batch_size=50) for p in producers)
+            *(
+                p.send_many((b"x" * 100 for _ in range(per)), batch_size=batch_size)
+                for p in producers
+            )
         )
         return per * len(producers) / (time.perf_counter() - started)
 
@@ -236,39 +262,264 @@ async def _cost(workdir: Path, messages: int, rounds: int) -> dict[str, tuple[fl
         return {"python": (synced[0], alone[0]), "stomp": (synced[1], alone[1])}
 
 
+# ---- 3. catch-up of a fresh backup
+
+
+class _Flow:
+    """The steady load while the backup catches up: persistent grouped sends to LIVE, paced
+    (one every `interval_s` over the 8 groups, each group waiting for its previous send), and a
+    consumer reading them; every send's start and latency are kept, to compare windows."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self.sends: list[tuple[float, float]] = []  # (monotonic start, latency s)
+        self.received: list[float] = []  # monotonic arrival of each delivery
+        self.done = asyncio.Event()
+
+    async def run(self, url: str) -> None:
+        async with Client(url) as client:
+            slot = self.interval_s * len(GROUPS)
+            start = time.monotonic()
+            await asyncio.gather(
+                *(
+                    self._produce(client, g, start + i * self.interval_s, slot)
+                    for i, g in enumerate(GROUPS)
+                ),
+                self._consume(client),
+            )
+
+    async def _produce(self, client: Client, group: str, next_at: float, slot: float) -> None:
+        producer = client.producer(LIVE, group_id=group)
+        while not self.done.is_set():
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            started = time.monotonic()
+            await producer.send(b"x" * 100)
+            self.sends.append((started, time.monotonic() - started))
+            next_at = max(next_at + slot, time.monotonic())  # late: no burst to catch up
+
+    async def _consume(self, client: Client) -> None:
+        async with client.consumer(LIVE) as consumer:
+            while not self.done.is_set():
+                msg = await consumer.receive(timeout=0.5)
+                if msg is not None:
+                    await msg.ack()
+                    self.received.append(time.monotonic())
+
+    def window(self, start: float, end: float) -> str:
+        """Sends and deliveries in [start, end): rates, send latency p50 and p99."""
+        latencies = sorted(lat for t, lat in self.sends if start <= t < end)
+        received = sum(1 for t in self.received if start <= t < end)
+        span = end - start
+        if not latencies:
+            return f"no send completed in {span:.1f} s"
+        p50, p99 = pct(latencies, 0.5) * 1000, pct(latencies, 0.99) * 1000
+        return (
+            f"{len(latencies) / span:.0f} msg/s sent, {received / span:.0f} msg/s delivered, "
+            f"send p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {latencies[-1] * 1000:.0f} ms"
+        )
+
+
+async def _fill(url: str, pending: int) -> int:
+    """`pending` persistent grouped messages to QUEUE, no consumer; how many were sent."""
+    sent, started = 0, time.perf_counter()
+    for done in range(0, pending, FILL_CHUNK):
+        chunk = min(FILL_CHUNK, pending - done) // len(GROUPS) * len(GROUPS)
+        if chunk:
+            await _python_rate(url, chunk, batch_size=500)
+        sent += chunk
+        rate = sent / (time.perf_counter() - started)
+        print(f"fill: {sent} of {pending} pending, {rate:.0f} msg/s", file=sys.stderr)
+    return sent
+
+
+def _data_size(node: NodeProc) -> str:
+    """store.db and its WAL on disk, MiB."""
+    data = node.home / "data"
+    db, wal = (data / n for n in ("store.db", "store.db-wal"))
+    mib = [p.stat().st_size / 2**20 if p.exists() else 0.0 for p in (db, wal)]
+    return f"store.db {mib[0]:.0f} MiB + WAL {mib[1]:.0f} MiB"
+
+
+def _replication_log(primary: NodeProc, backup: NodeProc) -> Counter[str]:
+    """What the two logs say of replication so far, counted: the snapshots the primary began,
+    and every reason the backup was dropped or its stream broke off."""
+    found: Counter[str] = Counter()
+    for node in (primary, backup):
+        for line in node.log_path.read_text(errors="replace").splitlines():
+            if "sending a snapshot" in line:
+                found["snapshots begun"] += 1
+            elif "backup lost" in line or "replication from the primary broke off" in line:
+                entry = json.loads(line)
+                why = entry.get("reason") or entry.get("error")
+                found[f"{node.node_id}: {entry['event']}: {why}"] += 1
+    return found
+
+
+async def _until_synced(primary: NodeProc, backup: NodeProc, limit_s: float) -> dict[str, float]:
+    """Poll both processes' /readyz from the backup's launch; monotonic times of each step:
+    snapshot installed ("following"), the primary's backup_in_sync, the backup's in_sync (a
+    step undone, by a new snapshot or a drop, counts again from when it comes back). Returns
+    early, without both in sync, once `limit_s` has passed."""
+    seen: dict[str, float] = {}
+    started = time.monotonic()
+    report_at = started + PROGRESS_S
+    while not {"primary", "backup"} <= seen.keys():
+        if backup.proc.poll() is not None:
+            raise RuntimeError(f"the backup exited:\n{tail(backup.log_path)}")
+        if time.monotonic() > started + limit_s:
+            break
+        ours, theirs = await asyncio.gather(
+            asyncio.to_thread(_ha, primary), asyncio.to_thread(_ha, backup)
+        )
+        now = time.monotonic()
+        steps = {"primary": (ours, ours.get("backup_in_sync"))}
+        steps["following"] = (theirs, theirs.get("replication") == "following")
+        steps["backup"] = (theirs, theirs.get("in_sync"))
+        for key, (answer, reached) in steps.items():
+            if answer and not reached:  # no answer (a busy node) undoes nothing
+                seen.pop(key, None)
+            elif reached:
+                seen.setdefault(key, now)
+        if now > report_at:
+            report_at = now + PROGRESS_S
+            attempts = _replication_log(primary, backup)["snapshots begun"]
+            print(
+                f"catch-up {now - started:.0f} s: backup {theirs.get('replication')}, "
+                f"{ours.get('backup_behind')} writes behind, snapshot attempts {attempts}",
+                file=sys.stderr,
+            )
+        await asyncio.sleep(0.05)
+    return seen
+
+
+async def _depth_after_kill(backup: NodeProc, queue: str) -> tuple[int, float]:
+    """Depth of `queue` once the backup answers after the primary's kill; and how long that
+    took (s)."""
+    killed = time.monotonic()
+    deadline = killed + FAILOVER_WAIT_S
+    while True:
+        try:
+            depths = await node_queues(backup)
+            return depths[queue][0], time.monotonic() - killed
+        except (PinmqError, TimeoutError):
+            if backup.proc.poll() is not None or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+async def _catchup(
+    workdir: Path, pending: int, interval_s: float, baseline_s: float, limit_s: float
+) -> bool:
+    """Fill node1 alone, then launch a fresh backup under a steady load; kill -9 node1 once
+    in sync and count what the backup holds."""
+    with ha_cluster(workdir, backup=False) as nodes:
+        primary, backup = nodes["node1"], nodes["node1-backup"]
+        async with Client(primary.url) as admin:
+            await admin.create_queue(QUEUE)
+            await admin.create_queue(LIVE)
+        fill_started = time.perf_counter()
+        sent = await _fill(primary.url, pending)
+        fill_rate = sent / (time.perf_counter() - fill_started)
+        filled_size = _data_size(primary)
+        flow = _Flow(interval_s)
+        flowing = asyncio.create_task(flow.run(primary.url))
+        try:
+            await asyncio.sleep(1.0)  # warm-up, not counted
+            baseline_from = time.monotonic()
+            await asyncio.sleep(baseline_s)
+            launched = time.monotonic()
+            backup.launch()
+            print("backup launched, catching up", file=sys.stderr)
+            seen = await _until_synced(primary, backup, limit_s)
+        finally:
+            flow.done.set()
+            await flowing
+        ended = seen.get("primary", time.monotonic())
+        synced_size = _data_size(primary)
+        replication = _replication_log(primary, backup)
+        depth, answered_s = -1, 0.0
+        if in_sync := {"primary", "backup"} <= seen.keys():
+            primary.proc.send_signal(signal.SIGKILL)
+            depth, answered_s = await _depth_after_kill(backup, QUEUE)
+    print(
+        f"catch-up of a fresh backup: {sent} pending persistent messages of 100 bytes "
+        f"(8 groups) on node1, filled alone at {fill_rate:.0f} msg/s; then a steady load "
+        f"(one persistent grouped send every {interval_s * 1000:g} ms to another queue, "
+        f"a consumer reading it) while the backup catches up:"
+    )
+    print(f"  node1 data after the fill: {filled_size}; at the end: {synced_size}")
+    steps = (("snapshot installed", "following"), ("node1 reports it in sync", "primary"))
+    for label, key in (*steps, ("the backup knows it is in sync", "backup")):
+        if key in seen:
+            print(f"  backup launch -> {label}: {seen[key] - launched:.1f} s")
+    print(f"  node1 alone ({baseline_s:g} s):  {flow.window(baseline_from, launched)}")
+    print(f"  during catch-up ({ended - launched:.1f} s): {flow.window(launched, ended)}")
+    for what, count in replication.items():
+        print(f"  until then, {what}: {count}")
+    if not in_sync:
+        print(f"  FAIL: the backup not in sync within {limit_s:g} s (--sync-limit)")
+        return False
+    ok = depth == sent
+    verdict = "PASS" if ok else "FAIL"
+    print(
+        f"  kill -9 of node1 after sync: the backup answered in {answered_s:.1f} s, "
+        f"{QUEUE} holds {depth} of {sent}: {verdict}"
+    )
+    return ok
+
+
 def main() -> bool:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--drills", type=int, default=10)
     parser.add_argument("--messages", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--catchup", action="store_true", help="run only part 3")
+    parser.add_argument("--pending", type=int, default=1_000_000)
+    parser.add_argument("--interval-ms", type=float, default=2.0)
+    parser.add_argument("--baseline", type=float, default=20.0, help="seconds")
+    parser.add_argument(
+        "--sync-limit", type=float, default=1800.0, help="seconds to wait for the backup in sync"
+    )
     args = parser.parse_args()
+    ok = True
     with tempfile.TemporaryDirectory(prefix="pinmq-bench-ha-") as tmp:
         work = Path(tmp)
-        sends, seens = [], []
-        for i in range(args.drills):
-            send_gap, seen_gap = asyncio.run(_drill(work / f"drill{i}"))
-            sends.append(send_gap)
-            seens.append(seen_gap)
-            gaps = f"send {send_gap * 1000:.0f} ms, delivery {seen_gap * 1000:.0f} ms"
-            print(f"drill {i + 1}: first after kill -9: {gaps}", file=sys.stderr)
-        if args.drills:
-            print(f"failover gap over {args.drills} drills (kill -9 of node1, defaults):")
-        for label, gaps_s in (
-            ("first grouped send confirmed", sends),
-            ("first delivery through the backup", seens),
-        ):
-            if gaps_s:
-                p50, top = statistics.median(gaps_s) * 1000, max(gaps_s) * 1000
-                print(f"  {label}: p50 {p50:.0f} ms, max {top:.0f} ms")
-        cost = asyncio.run(_cost(work / "cost", args.messages, args.rounds))
-        print(
-            f"persistent grouped sends to node1, {args.messages} messages of 100 bytes, "
-            f"8 groups, median of {args.rounds} rounds:"
-        )
-        for label, (synced, alone) in cost.items():
-            rates = f"{synced:.0f} msg/s with the backup in sync, {alone:.0f} msg/s alone"
-            print(f"  {label}: {rates}: ratio {synced / alone:.2f}")
-    return True
+        if not args.catchup:
+            _gap_and_cost(work, args.drills, args.messages, args.rounds)
+        if args.pending:
+            interval_s = args.interval_ms / 1000
+            ok = asyncio.run(
+                _catchup(work / "catchup", args.pending, interval_s, args.baseline, args.sync_limit)
+            )
+    return ok
+
+
+def _gap_and_cost(work: Path, drills: int, messages: int, rounds: int) -> None:
+    """Parts 1 and 2, printed."""
+    sends, seens = [], []
+    for i in range(drills):
+        send_gap, seen_gap = asyncio.run(_drill(work / f"drill{i}"))
+        sends.append(send_gap)
+        seens.append(seen_gap)
+        gaps = f"send {send_gap * 1000:.0f} ms, delivery {seen_gap * 1000:.0f} ms"
+        print(f"drill {i + 1}: first after kill -9: {gaps}", file=sys.stderr)
+    if drills:
+        print(f"failover gap over {drills} drills (kill -9 of node1, defaults):")
+    for label, gaps_s in (
+        ("first grouped send confirmed", sends),
+        ("first delivery through the backup", seens),
+    ):
+        if gaps_s:
+            p50, top = statistics.median(gaps_s) * 1000, max(gaps_s) * 1000
+            print(f"  {label}: p50 {p50:.0f} ms, max {top:.0f} ms")
+    cost = asyncio.run(_cost(work / "cost", messages, rounds))
+    print(
+        f"persistent grouped sends to node1, {messages} messages of 100 bytes, "
+        f"8 groups, median of {rounds} rounds:"
+    )
+    for label, (synced, alone) in cost.items():
+        rates = f"{synced:.0f} msg/s with the backup in sync, {alone:.0f} msg/s alone"
+        print(f"  {label}: {rates}: ratio {synced / alone:.2f}")
 
 
 if __name__ == "__main__":

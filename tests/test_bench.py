@@ -60,3 +60,9 @@ def test_cluster_throughput_runs_and_verifies() -> None:
     assert "forwarded               " in out
     assert out.count("exactly-once            PASS") == 2  # standalone and the cluster
     assert "all checks PASS" in out
+
+
+def test_ha_catchup_runs_and_verifies() -> None:
+    out = _run("ha.py", "--catchup", "--pending", "800", "--baseline", "1")
+    assert "snapshots begun: " in out
+    assert "orders holds 800 of 800: PASS" in out
