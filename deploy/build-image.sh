@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Build the pinmq image (pinmq:latest) on a machine that reaches PyPI and its Debian mirror but
+# maybe no image registry.
+#
+#  1. A wheelhouse on the host (build/wheelhouse): pip inside a container may not reach PyPI
+#     (TLS interception), so the image installs these with --no-index.
+#  2. The base image: the public BASE (python:3.11-slim-bookworm) if the engine has it or can
+#     pull it; else pinmq-base:<release>, built once by debootstrap of this machine's Debian
+#     release from the mirror in its apt sources (python3, python3-venv, ca-certificates) and
+#     `docker import`. debootstrap is installed with apt-get when missing.
+#  3. docker build -f deploy/Dockerfile --build-arg BASE=<that base>.
+#
+# Usage: deploy/build-image.sh [PYTHON]   (PYTHON: the interpreter whose pip builds the wheels;
+# default .venv/bin/python). Prints each step; exits non-zero naming the step that failed.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+PYTHON=${1:-.venv/bin/python}
+IMAGE=${PINMQ_IMAGE:-pinmq:latest}
+PUBLIC_BASE=python:3.11-slim-bookworm
+WHEELS=build/wheelhouse
+
+step() { printf '==> %s\n' "$*"; }
+fail() { printf 'build-image: %s\n' "$*" >&2; exit 1; }
+
+docker info >/dev/null 2>&1 || fail "no Docker engine answers (docker info failed)"
+
+step "wheelhouse: pinmq and its dependencies ($WHEELS)"
+rm -rf "$WHEELS"
+"$PYTHON" -m pip wheel -q --wheel-dir "$WHEELS" . || fail "pip wheel failed"
+
+# The release and mirror this machine's apt uses: deb822 sources first, then sources.list.
+release() { . /etc/os-release && printf '%s' "${VERSION_CODENAME:?no VERSION_CODENAME in /etc/os-release}"; }
+mirror() {
+  local uri
+  uri=$(grep -hs '^URIs:' /etc/apt/sources.list.d/*.sources | awk '{print $2}' | grep -v security | head -n1 || true)
+  [ -n "$uri" ] || uri=$(grep -hs '^deb ' /etc/apt/sources.list | awk '{print $2}' | grep -v security | head -n1 || true)
+  printf '%s' "${uri:-http://deb.debian.org/debian}"
+}
+
+local_base() {
+  local name tag root
+  tag=$(release)
+  name="pinmq-base:$tag"
+  if docker image inspect "$name" >/dev/null 2>&1; then
+    printf '%s' "$name"
+    return
+  fi
+  command -v debootstrap >/dev/null || {
+    step "installing debootstrap (apt-get)" >&2
+    { apt-get update -q && apt-get install -y -q debootstrap; } >&2 || fail "cannot install debootstrap"
+  }
+  root=$(mktemp -d /tmp/pinmq-base.XXXXXX)
+  trap 'rm -rf "$root"' RETURN
+  step "base image $name: debootstrap $tag from $(mirror) (about a minute)" >&2
+  debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
+    "$tag" "$root" "$(mirror)" >&2 || fail "debootstrap failed"
+  rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
+  tar -C "$root" -c . | docker import - "$name" >/dev/null || fail "docker import failed"
+  printf '%s' "$name"
+}
+
+if docker image inspect "$PUBLIC_BASE" >/dev/null 2>&1 \
+  || timeout 20 docker pull -q "$PUBLIC_BASE" >/dev/null 2>&1; then
+  BASE=$PUBLIC_BASE
+else
+  step "no registry answers: a local base image"
+  BASE=$(local_base)
+fi
+
+step "image $IMAGE from $BASE"
+log=$(mktemp /tmp/pinmq-build.XXXXXX)
+docker build -f deploy/Dockerfile --build-arg "BASE=$BASE" -t "$IMAGE" . >"$log" 2>&1 \
+  || { tail -n 30 "$log" >&2; rm -f "$log"; fail "docker build failed"; }
+rm -f "$log"
+# Untagged images of ours: the build stage (wheels and pip), and an image this one replaced.
+docker image prune -f --filter label=org.pinmq.image=true >/dev/null
+size=$(docker image inspect -f '{{.Size}}' "$IMAGE")
+step "built $IMAGE: $((size / 1000000)) MB"
