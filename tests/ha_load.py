@@ -23,14 +23,13 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import stomp
 from drill_parts import Worker, clean_check
-from ha_nodes import HaCluster
 
 from broker.audit import MID_HEADER, AuditLog
-from broker.client import Client, PinmqError
+from broker.client import AlreadyExists, Client, PinmqError
 from broker.message import DUPLICATE_ID_HEADER
 
 QUEUE = "orders"
@@ -272,14 +271,33 @@ class StompConsumer:
 
     def close(self) -> None:
         self.stop.set()
-        self.thread.join(WAIT_S)
+        if self.thread.ident is not None:  # started
+            self.thread.join(WAIT_S)
         self.link.close()
 
 
-class HaLoad:
-    """The drill's clients on an `HaCluster` started with `AUDIT`, and the verdict."""
+class Cluster(Protocol):
+    """What the load needs of the cluster under test: processes (`HaCluster`) or containers."""
 
-    def __init__(self, ha: HaCluster, history: Path) -> None:
+    @property
+    def pair_url(self) -> str:
+        """The pair's client addresses, as an address list."""
+
+    @property
+    def stomp_pair(self) -> list[tuple[str, int]]:
+        """The pair's STOMP host list."""
+
+    def client_url(self, name: str) -> str:
+        """node2's or node3's client address."""
+
+    def stop_audited(self) -> dict[str, Path]:
+        """Stop every node cleanly (each writes its audit tail); their audit directories."""
+
+
+class HaLoad:
+    """The drill's clients on a cluster whose nodes audit, and the verdict."""
+
+    def __init__(self, ha: Cluster, history: Path) -> None:
         self.ha, self.history = ha, history
         self.clients_dir = history / "clients"
         self.clients_dir.mkdir(parents=True)
@@ -290,19 +308,19 @@ class HaLoad:
         self.failures: list[str] = []  # sends that failed for good, and why
         names = ("stomp-producer", "stomp-consumer")
         self.stomp_audits = [AuditLog(self.clients_dir, name).start() for name in names]
-        pair = [("127.0.0.1", ha.primary.stomp_port), ("127.0.0.1", ha.backup.stomp_port)]
-        self.stomp_producer = StompProducer(pair, self.stomp_audits[0], "stomp-producer")
-        self.stomp_consumer = StompConsumer(pair, self.stomp_audits[1])
+        self.stomp_producer = StompProducer(ha.stomp_pair, self.stomp_audits[0], "stomp-producer")
+        self.stomp_consumer = StompConsumer(ha.stomp_pair, self.stomp_audits[1])
         self._closed = False
 
     async def start(self) -> None:
         """The queue everywhere, then every consumer."""
-        for url in (self.ha.pair_url, self.ha.nodes["node2"].url, self.ha.nodes["node3"].url):
+        for url in (self.ha.pair_url, self.ha.client_url("node2"), self.ha.client_url("node3")):
             async with Client(url) as client:
-                await client.create_queue(QUEUE)
+                with contextlib.suppress(AlreadyExists):  # configured statically (compose)
+                    await client.create_queue(QUEUE)
         await self.add_worker("py-pair", self.ha.pair_url)
-        await self.add_worker("py-node2", self.ha.nodes["node2"].url)
-        await self.add_worker("py-node3", self.ha.nodes["node3"].url)
+        await self.add_worker("py-node2", self.ha.client_url("node2"))
+        await self.add_worker("py-node3", self.ha.client_url("node3"))
         self.stomp_consumer.thread.start()
 
     async def add_worker(self, name: str, url: str) -> Worker:
@@ -322,7 +340,7 @@ class HaLoad:
         """
 
         async def python_group(g: int) -> None:
-            url = self.ha.pair_url if g % 2 == 0 else self.ha.nodes["node2"].url
+            url = self.ha.pair_url if g % 2 == 0 else self.ha.client_url("node2")
             name = f"py-g{g:02d}-{turns.start}"
             async with Client(url, audit=self.clients_dir, audit_name=name) as client:
                 producer = client.producer(QUEUE, group_id=f"g{g:02d}")
@@ -389,13 +407,9 @@ class HaLoad:
         return await self.verdict(report)
 
     async def verdict(self, report: Path) -> dict[str, Any]:
-        """Stop every process cleanly (each writes its audit tail), gather every audit log,
+        """Stop every node cleanly (each writes its audit tail), gather every audit log,
         require a clean `pinmq check`; its stats."""
-        for node in self.ha.nodes.values():
-            if node.proc is not None and node.proc.poll() is None:
-                node.stop()
-        for name, node in self.ha.nodes.items():
-            audit = node.data_dir / "audit"
+        for name, audit in (await asyncio.to_thread(self.ha.stop_audited)).items():
             if audit.exists():
                 shutil.copytree(audit, self.history / name)
         return await clean_check(self.history, report)

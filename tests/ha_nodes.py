@@ -117,6 +117,20 @@ class HaCluster:
     def pair_url(self) -> str:
         return f"{self.primary.url},{self.backup.url}"
 
+    @property
+    def stomp_pair(self) -> list[tuple[str, int]]:
+        return [("127.0.0.1", self.primary.stomp_port), ("127.0.0.1", self.backup.stomp_port)]
+
+    def client_url(self, name: str) -> str:
+        return self.nodes[name].url
+
+    def stop_audited(self) -> dict[str, Path]:
+        """Stop every running process cleanly; each one's audit directory."""
+        for node in self.nodes.values():
+            if node.proc is not None and node.proc.poll() is None:
+                node.stop()
+        return {name: node.data_dir / "audit" for name, node in self.nodes.items()}
+
     def start(self) -> HaCluster:
         """All four; returns once node1 serves with its backup in sync."""
         try:

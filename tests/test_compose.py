@@ -1,109 +1,164 @@
-"""The compose cluster (docker-compose.yml, deploy/Dockerfile, deploy/compose/*.yaml) as users
-run it: the image built the way `make up` builds it (offline when no registry answers), the
-four containers up with `docker compose up --wait` (testcontainers' DockerCompose), and the
-Python client on the published ports through a `docker kill` of node1.
+"""Container drills: the compose cluster (docker-compose.yml, deploy/Dockerfile,
+deploy/compose/*.yaml) as users run it, its image built the way `make up` builds it (offline
+when no registry answers), brought up by testcontainers (tests/compose_nodes.py), under the
+same audited grouped load as the process drills (tests/ha_load.py: the Python client with
+the pair's address list, stomp.py with its host list, clients of node2 and node3). Each drill
+ends with `pinmq check` on the audit logs every container wrote to its bind-mounted directory:
+nothing lost, doubled or reordered, no group at two consumers, one route per binding and
+epoch; it prints the failover moments the report found, with their gaps.
 
-Each test cluster has a project name of its own and ephemeral host ports
-(tests/compose/ephemeral-ports.yaml); its containers, network and volumes are removed after,
-pass or fail. Without a Docker engine these tests skip with the reason, except under CI=true,
-where that is a failure: they must run there.
+Every cluster has a project name and host ports of its own, and is removed with its volumes
+after, pass or fail. Without a Docker engine these tests skip, except under CI=true.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import uuid
-from collections.abc import Iterator
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
-import compose
 import pytest
-from testcontainers.compose import DockerCompose
+from compose_nodes import ComposeCluster, build_image
+from ha_load import HaLoad
 
 from broker.client import Client
+from broker.client.info import HaPairStatus
 
-REPO = Path(__file__).resolve().parent.parent
 IMAGE = "pinmq:test"
-OVERRIDE = "tests/compose/ephemeral-ports.yaml"
-
-
-def _engine() -> None:
-    """Skip (fail under CI) unless a Docker engine answers."""
-    try:
-        answered = subprocess.run(["docker", "info"], capture_output=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        answered = None
-    if answered is None or answered.returncode != 0:
-        if os.environ.get("CI") == "true":
-            pytest.fail(
-                "no Docker engine answers (docker info): the container tests must run in CI"
-            )
-        pytest.skip("no Docker engine answers (docker info)")
 
 
 @pytest.fixture(scope="module")
 def image() -> str:
-    """pinmq:test from this checkout, built as `make image` builds pinmq:latest."""
-    _engine()
-    built = subprocess.run(
-        [str(REPO / "deploy" / "build-image.sh"), sys.executable],
-        cwd=REPO,
-        env={**os.environ, "PINMQ_IMAGE": IMAGE},
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    assert built.returncode == 0, built.stdout + built.stderr
-    return IMAGE
+    return build_image(IMAGE)
 
 
-@pytest.fixture
-def cluster(image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[DockerCompose]:
-    """The four containers, healthy; removed with their volumes after."""
-    plugins = tmp_path / "docker" / "cli-plugins"
-    plugins.mkdir(parents=True)
-    (plugins / "docker-compose").symlink_to(Path(compose.__file__).with_name("docker-compose"))
-    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker"))  # Compose v2 from PyPI
-    monkeypatch.setenv("COMPOSE_PROJECT_NAME", f"pinmq-test-{uuid.uuid4().hex[:8]}")
-    monkeypatch.setenv("PINMQ_IMAGE", image)
-    stack = DockerCompose(REPO, compose_file_name=["docker-compose.yml", OVERRIDE], wait=True)
+@asynccontextmanager
+async def drill(
+    tmp_path: Path, image: str, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[ComposeCluster, HaLoad]]:
+    cluster = ComposeCluster(tmp_path, image, monkeypatch)
+    load = HaLoad(cluster, tmp_path / "history")
     try:
-        stack.start()
-        yield stack
+        await asyncio.to_thread(cluster.start)
+        await load.start()
+        yield cluster, load
     finally:
-        stack.stop(down=True)  # down --volumes
+        await load.close()
+        await asyncio.to_thread(cluster.down)
 
 
-def client_url(stack: DockerCompose, *services: str) -> str:
-    """The services' published client ports, as a client address list."""
-    found = []
-    for service in services:
-        host, port = stack.get_service_host_and_port(service, 7601)
-        found.append(f"{host or '127.0.0.1'}:{port}")
-    return ",".join(found)
+async def pair_status(cluster: ComposeCluster) -> HaPairStatus:
+    """The pair as node2 last heard of it."""
+    async with Client(cluster.client_url("node2")) as client:
+        [pair] = (await client.cluster_status()).ha
+    return pair
 
 
-async def test_docker_kill_of_node1_its_backup_container_serves_every_acknowledged_message(
-    cluster: DockerCompose,
+async def until(what: str, check: Any, timeout: float = 60.0) -> Any:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            value = await check()
+        except Exception:  # a node between lives: ask again
+            value = None
+        if value:
+            return value
+        assert asyncio.get_running_loop().time() < deadline, f"not within {timeout} s: {what}"
+        await asyncio.sleep(0.2)
+
+
+def report(stats: dict[str, Any]) -> None:
+    """The failover moments `pinmq check` found, with the longest delivery gap around each."""
+    for m in stats["failovers"]:
+        print(
+            f"failover: {m['what']}: delivery gap {m['gap_ms']:.0f} ms, "
+            f"{m['groups_stalled']} groups stalled up to {m['group_gap_ms']:.0f} ms"
+        )
+
+
+async def test_docker_kill_of_node1_under_load_its_backup_container_takes_over(
+    tmp_path: Path, image: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pair = client_url(cluster, "node1", "node1-backup")
-    async with Client(pair) as client:
-        producer = client.producer("orders", group_id="g")
-        await producer.send_many([f"before-{i}" for i in range(50)], batch_size=10)
-        status = await client.cluster_status()
-    [ha] = status.ha
-    assert (ha.active, ha.backup, ha.backup_in_sync) == ("node1", "node1-backup", True)
-    node1 = cluster.get_container("node1")
-    subprocess.run(["docker", "kill", node1.ID], check=True, capture_output=True, timeout=60)
-    async with Client(pair) as client:  # the client finds the backup by itself
-        producer = client.producer("orders", group_id="g")
-        await producer.send_many([f"after-{i}" for i in range(50)], batch_size=10)
-        [ha] = (await client.cluster_status()).ha
-        assert (ha.active, ha.epoch) == ("node1-backup", 2)
-        got = []
-        async with client.consumer("orders", prefetch=200) as consumer:
-            while (m := await consumer.receive(timeout=3)) is not None:
-                got.append(m.text)
-    assert got == [f"before-{i}" for i in range(50)] + [f"after-{i}" for i in range(50)]
+    async with drill(tmp_path, image, monkeypatch) as (cluster, load):
+        await load.send(range(0, 10))
+        before = await pair_status(cluster)
+        assert (before.active, before.backup, before.backup_in_sync) == (
+            "node1",
+            "node1-backup",
+            True,
+        )
+        sending = asyncio.create_task(load.send(range(10, 30)))
+        await asyncio.sleep(0.3)  # under load
+        await asyncio.to_thread(cluster.docker, "kill", "node1")
+
+        async def took_over() -> bool:
+            return (await pair_status(cluster)).active == "node1-backup"
+
+        await until("node1-backup serves as node1", took_over)
+        await sending
+        await load.send(range(30, 40))
+        assert not load.failures
+        stats = await load.finish(tmp_path / "report")
+    report(stats)
+    moments = [f["what"] for f in stats["failovers"]]
+    assert any(m.startswith("node node1 stopped (back after") for m in moments), moments
+
+
+async def test_docker_pause_of_node1_it_fences_itself_and_rejoins_as_the_backup(
+    tmp_path: Path, image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with drill(tmp_path, image, monkeypatch) as (cluster, load):
+        await load.send(range(0, 10))
+        sending = asyncio.create_task(load.send(range(10, 30)))
+        await asyncio.sleep(0.3)
+        await asyncio.to_thread(cluster.docker, "pause", "node1")
+        try:
+
+            async def took_over() -> bool:
+                return (await pair_status(cluster)).active == "node1-backup"
+
+            await until("node1-backup serves as node1", took_over)
+            await asyncio.sleep(1.0)  # it serves while node1 is still frozen
+        finally:
+            await asyncio.to_thread(cluster.docker, "unpause", "node1")
+
+        async def rejoined() -> bool:
+            pair = await pair_status(cluster)
+            return (pair.active, pair.backup, pair.backup_in_sync) == (
+                "node1-backup",
+                "node1",
+                True,
+            )
+
+        await until("node1 follows, in sync", rejoined)
+        await sending
+        await load.send(range(30, 40))
+        assert not load.failures
+        stats = await load.finish(tmp_path / "report")
+    report(stats)
+
+
+async def test_docker_restart_of_node3_and_of_the_whole_stack_keep_every_message(
+    tmp_path: Path, image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with drill(tmp_path, image, monkeypatch) as (cluster, load):
+        await load.send(range(0, 10))
+        sending = asyncio.create_task(load.send(range(10, 20)))
+        await asyncio.sleep(0.3)
+        await asyncio.to_thread(cluster.docker, "restart", "node3")
+        await asyncio.to_thread(cluster.compose, "up", "-d", "--wait")  # node3 healthy again
+        await sending
+        await load.add_worker("py-node3-again", cluster.client_url("node3"))
+        await load.send(range(20, 25))
+        # The whole stack: stopped (volumes kept), then up again: everything acknowledged
+        # before is still there, and the clients of the pair find it again by themselves.
+        await asyncio.to_thread(cluster.compose, "stop")
+        await asyncio.to_thread(cluster.compose, "up", "-d", "--wait")
+        for name in ("node2", "node3"):
+            await load.add_worker(f"py-{name}-restarted", cluster.client_url(name))
+        await load.send(range(25, 35))
+        assert not load.failures
+        stats = await load.finish(tmp_path / "report")
+    report(stats)

@@ -1,0 +1,139 @@
+"""The compose cluster for tests: docker-compose.yml under a project of its own (testcontainers'
+DockerCompose), with an override written per cluster that publishes each node's client and
+STOMP ports on host ports reserved for it (so they survive container restarts) and bind-mounts
+a host directory over each node's audit directory. `docker` verbs (kill, pause, restart)
+run on its containers; `down` removes the containers, network and volumes.
+
+Without a Docker engine the tests skip with the reason, except under CI=true, where that is a
+failure: the container tests must run in CI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import compose
+import pytest
+from ports import reserve_port
+from testcontainers.compose import DockerCompose
+
+REPO = Path(__file__).resolve().parent.parent
+SERVICES = ("node1", "node1-backup", "node2", "node3")
+AUDIT_IN_CONTAINER = "/var/lib/pinmq/data/audit"  # deploy/compose/*.yaml audit.dir
+
+
+def require_engine() -> None:
+    """Skip (fail under CI) unless a Docker engine answers."""
+    try:
+        answered = subprocess.run(["docker", "info"], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        answered = None
+    if answered is None or answered.returncode != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail("no Docker engine answers (docker info): these tests must run in CI")
+        pytest.skip("no Docker engine answers (docker info)")
+
+
+def build_image(tag: str) -> str:
+    """`tag` built from this checkout as `make image` builds pinmq:latest."""
+    require_engine()
+    built = subprocess.run(
+        [str(REPO / "deploy" / "build-image.sh"), sys.executable],
+        cwd=REPO,
+        env={**os.environ, "PINMQ_IMAGE": tag},
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert built.returncode == 0, built.stdout + built.stderr
+    return tag
+
+
+def compose_env(workdir: Path, image: str) -> dict[str, str]:
+    """Compose v2 from PyPI as a CLI plugin, a project name of its own, the image."""
+    plugins = workdir / "docker" / "cli-plugins"
+    plugins.mkdir(parents=True, exist_ok=True)
+    link = plugins / "docker-compose"
+    if not link.exists():
+        link.symlink_to(Path(compose.__file__).with_name("docker-compose"))
+    return {
+        "DOCKER_CONFIG": str(workdir / "docker"),
+        "COMPOSE_PROJECT_NAME": f"pinmq-test-{uuid.uuid4().hex[:8]}",
+        "PINMQ_IMAGE": image,
+    }
+
+
+class ComposeCluster:
+    """One compose cluster; `start` brings it up healthy, `down` removes everything."""
+
+    def __init__(self, workdir: Path, image: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        for key, value in compose_env(workdir, image).items():
+            monkeypatch.setenv(key, value)  # testcontainers runs `docker compose` with them
+        self.audit = {name: workdir / "audit" / name for name in SERVICES}
+        self.ports = {name: (reserve_port(), reserve_port()) for name in SERVICES}
+        services: dict[str, dict[str, list[str]]] = {}
+        for name in SERVICES:
+            audit = self.audit[name]
+            audit.mkdir(parents=True)
+            audit.chmod(0o777)  # the container's non-root user writes there
+            client, stomp = self.ports[name]
+            ports = [f"127.0.0.1:{client}:7601", f"127.0.0.1:{stomp}:61613", "127.0.0.1::8161"]
+            services[name] = {"ports": ports, "volumes": [f"{audit}:{AUDIT_IN_CONTAINER}"]}
+        override = workdir / "compose-test.yaml"
+        override.write_text(_override_yaml(services))
+        self.stack = DockerCompose(REPO, compose_file_name=["docker-compose.yml", str(override)])
+
+    def start(self) -> ComposeCluster:
+        self.stack.start()  # up --wait: every container healthy
+        return self
+
+    def compose(self, *args: str, timeout: float = 300) -> str:
+        done = subprocess.run(
+            [*self.stack.compose_command_property, *args],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        assert done.returncode == 0, f"docker compose {' '.join(args)}: {done.stderr}"
+        return done.stdout
+
+    def docker(self, verb: str, service: str) -> None:
+        """`docker <verb>` (kill, pause, unpause, restart) on a service's container."""
+        container = self.stack.get_container(service, include_all=True).ID
+        subprocess.run(["docker", verb, container], check=True, capture_output=True, timeout=120)
+
+    @property
+    def pair_url(self) -> str:
+        return f"{self.client_url('node1')},{self.client_url('node1-backup')}"
+
+    @property
+    def stomp_pair(self) -> list[tuple[str, int]]:
+        return [("127.0.0.1", self.ports[name][1]) for name in ("node1", "node1-backup")]
+
+    def client_url(self, name: str) -> str:
+        return f"127.0.0.1:{self.ports[name][0]}"
+
+    def stop_audited(self) -> dict[str, Path]:
+        """`docker compose stop`: SIGTERM, a clean shutdown that writes each audit tail."""
+        self.compose("stop", timeout=120)
+        return dict(self.audit)
+
+    def down(self) -> None:
+        self.stack.stop(down=True)  # down --volumes
+
+
+def _override_yaml(services: dict[str, dict[str, list[str]]]) -> str:
+    """The override file. `ports: !override` replaces docker-compose.yml's ports (a plain list
+    would add to them); PyYAML cannot write a tag on a plain list, so the lines are written."""
+    lines = ["services:"]
+    for name, spec in services.items():
+        lines.append(f"  {name}:")
+        lines.append(f"    ports: !override {json.dumps(spec['ports'])}")
+        lines.append(f"    volumes: {json.dumps(spec['volumes'])}")
+    return "\n".join(lines) + "\n"
