@@ -45,8 +45,10 @@ async def drill(
         await load.start()
         yield cluster, load
     finally:
-        await load.close()
-        await asyncio.to_thread(cluster.down)
+        try:
+            await load.close()
+        finally:
+            await asyncio.to_thread(cluster.down)
 
 
 async def pair_status(cluster: ComposeCluster) -> HaPairStatus:

@@ -34,8 +34,10 @@ async def drill(tmp_path: Path, **cluster: Any) -> AsyncIterator[tuple[HaCluster
         await load.start()
         yield ha, load
     finally:
-        await load.close()
-        ha.kill_all()
+        try:
+            await load.close()
+        finally:
+            ha.kill_all()
 
 
 async def until(what: str, check: Any, timeout: float = 30.0) -> None:
