@@ -401,3 +401,9 @@ class PassiveService(pb_grpc.ClusterServicer):
 
     async def Gossip(self, request_iterator: Any, context: aio.ServicerContext) -> None:
         await context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.shell.name} is passive")
+
+    async def Replicate(self, request_iterator: Any, context: aio.ServicerContext) -> None:
+        """The peer, passive too until one of them is elected, asks to follow: not yet."""
+        await context.abort(
+            grpc.StatusCode.UNAVAILABLE, f"{self.shell.name} is passive: nothing to follow yet"
+        )

@@ -29,7 +29,11 @@ fail() { printf 'build-image: %s\n' "$*" >&2; exit 1; }
 docker info >/dev/null 2>&1 || fail "no Docker engine answers (docker info failed)"
 
 step "wheelhouse: pinmq and its dependencies"
-"$PYTHON" -m pip wheel -q --wheel-dir "$WHEELS" . || fail "pip wheel failed"
+# The same source gives the same wheelhouse, to the file times (those of the last commit), so
+# an unchanged tree rebuilds from docker's layer cache.
+epoch=$(git log -1 --format=%ct 2>/dev/null || echo 315532800)
+SOURCE_DATE_EPOCH=$epoch "$PYTHON" -m pip wheel -q --wheel-dir "$WHEELS" . || fail "pip wheel failed"
+find "$CONTEXT" -exec touch -h -d "@$epoch" {} +
 
 # The release and mirror this machine's apt uses: deb822 sources first, then sources.list.
 release() { . /etc/os-release && printf '%s' "${VERSION_CODENAME:?no VERSION_CODENAME in /etc/os-release}"; }
