@@ -36,16 +36,14 @@ import subprocess
 import sys
 import time
 import uuid
-from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 from ha import QUEUE, WAIT_S  # the process drill's queue and bound ("orders": in the configs)
+from harness.gap import Gap, gap_drill
 from harness.procs import run_main
-
-from broker.client import Client
 
 REPO = Path(__file__).resolve().parent.parent
 IMAGE = "pinmq:bench"
@@ -290,17 +288,13 @@ def _ups(count: int) -> dict[str, list[float]]:
 
 @dataclass
 class Drill:
+    """A gap drill (bench/harness/gap.py) with the moments `docker kill` adds."""
+
+    gap: Gap
     send_gap: float = 0.0  # s from the container's exit to the first send confirmed after
     seen_gap: float = 0.0  # ... to the first message sent after it that the consumer got
     kill_cli: float = 0.0  # s the `docker kill` command took
     exit_in_cli: float = 0.0  # s from the command's start to the container's exit
-    confirmed: set[int] = field(default_factory=set)
-    received: Counter[int] = field(default_factory=Counter)
-    error: str = ""
-
-    @property
-    def lost(self) -> int:
-        return len(self.confirmed - self.received.keys())
 
 
 def _finished_at(container: str) -> float:
@@ -310,71 +304,25 @@ def _finished_at(container: str) -> float:
 
 
 async def _drill(p: Project) -> Drill:
-    """bench/ha.py's drill on the containers, every confirmed message checked for."""
+    """bench/ha.py's drill on the containers, timed from the container's exit."""
     url = ",".join(p.client_address(s) for s in PAIR)
     node1 = p.container("node1")
-    result = Drill()
-    killed_at: list[float] = []  # wall clock: the engine's exit time is one too
-    first_send: list[float] = []
-    first_seen: list[float] = []
-    producing, consuming = asyncio.Event(), asyncio.Event()
+    started: list[float] = []
 
-    async def produce() -> None:
-        async with Client(url) as client:
-            producer = client.producer(QUEUE, group_id="g")
-            i = 0
-            while not producing.is_set():
-                sent_after_kill = bool(killed_at)
-                await producer.send(f"{i}:{int(sent_after_kill)}")
-                result.confirmed.add(i)
-                if sent_after_kill and not first_send:
-                    first_send.append(time.time())
-                i += 1
-                await asyncio.sleep(0.01)
+    async def kill() -> None:
+        started.append(time.time())
+        await asyncio.to_thread(_run, ["docker", "kill", node1])  # the loop sends meanwhile
 
-    async def consume() -> None:
-        async with Client(url) as client, client.consumer(QUEUE) as consumer:
-            while not consuming.is_set():
-                msg = await consumer.receive(timeout=0.5)
-                if msg is None:
-                    continue
-                await msg.ack()
-                i, after = msg.text.split(":")
-                result.received[int(i)] += 1
-                if after == "1" and not first_seen:
-                    first_seen.append(time.time())
-
-    tasks = [asyncio.create_task(produce()), asyncio.create_task(consume())]
-    await asyncio.sleep(1.0)  # steady flow first
-    before = time.time()
-    await asyncio.to_thread(_run, ["docker", "kill", node1])  # the loop sends meanwhile
-    killed_at.append(time.time())
-    result.kill_cli = killed_at[0] - before
+    gap = await gap_drill(url, QUEUE, kill, WAIT_S, DRAIN_S)
+    drill = Drill(gap, kill_cli=gap.killed_at - started[0])
     exited = await asyncio.to_thread(_finished_at, node1)
-    if not before - 1 <= exited <= killed_at[0] + 1:  # another clock: keep ha.py's moment
+    if not started[0] - 1 <= exited <= gap.killed_at + 1:  # another clock: keep ha.py's moment
         print(f"exit time {exited} outside the kill command: using its return", file=sys.stderr)
-        exited = killed_at[0]
-    result.exit_in_cli = exited - before
-    deadline = time.monotonic() + WAIT_S
-    while not (first_send and first_seen) and time.monotonic() < deadline:
-        if any(t.done() for t in tasks):
-            break
-        await asyncio.sleep(0.01)
-    producing.set()
-    deadline = time.monotonic() + DRAIN_S
-    while result.lost and time.monotonic() < deadline and not tasks[1].done():
-        await asyncio.sleep(0.05)
-    consuming.set()
-    errors = [e for e in await asyncio.gather(*tasks, return_exceptions=True) if e is not None]
-    if errors:
-        result.error = "; ".join(f"{type(e).__name__}: {e}" for e in errors)
-    elif not (first_send and first_seen):
-        result.error = f"no send or delivery through the backup within {WAIT_S:g} s of the kill"
-    elif result.lost:
-        result.error = f"{result.lost} confirmed messages never received"
-    if first_send and first_seen:
-        result.send_gap, result.seen_gap = first_send[0] - exited, first_seen[0] - exited
-    return result
+        exited = gap.killed_at
+    drill.exit_in_cli = exited - started[0]
+    if gap.first_send is not None and gap.first_seen is not None:
+        drill.send_gap, drill.seen_gap = gap.first_send - exited, gap.first_seen - exited
+    return drill
 
 
 def _drills(count: int) -> list[Drill]:
@@ -383,16 +331,16 @@ def _drills(count: int) -> list[Drill]:
         with project() as p:
             p.timed("up", "-d", "--wait")
             drill = asyncio.run(_drill(p))
-            if drill.error:
-                print(f"drill {i + 1} FAILED: {drill.error}\n{p.logs()}", file=sys.stderr)
+            if drill.gap.error:
+                print(f"drill {i + 1} FAILED: {drill.gap.error}\n{p.logs()}", file=sys.stderr)
         done.append(drill)
-        redelivered = sum(1 for n in drill.received.values() if n > 1)
+        redelivered = sum(1 for n in drill.gap.received.values() if n > 1)
         print(
             f"drill {i + 1} ({p.name}, load {_load()}): send {drill.send_gap * 1000:.0f} ms, "
             f"delivery {drill.seen_gap * 1000:.0f} ms after the exit (docker kill took "
             f"{drill.kill_cli * 1000:.0f} ms, the exit at {drill.exit_in_cli * 1000:.0f} ms "
-            f"of it); {len(drill.confirmed)} confirmed, "
-            f"{drill.lost} lost, {redelivered} received twice",
+            f"of it); {len(drill.gap.confirmed)} confirmed, "
+            f"{drill.gap.lost} lost, {redelivered} received twice",
             file=sys.stderr,
         )
     return done
@@ -428,7 +376,7 @@ def main() -> bool:
         print(_row("`up -d --wait`, fresh project, to 4 healthy", ups["up"]))
         print(_row("`down` (volumes kept)", ups["down"]))
         print(_row("`up -d --wait` again on the volumes", ups["again"]))
-    ok = [d for d in drills if not d.error]
+    ok = [d for d in drills if not d.gap.error]
     if ok:
         print(_row("docker kill -> first send confirmed", [d.send_gap for d in ok], "ms"))
         print(_row("docker kill -> first delivery via backup", [d.seen_gap for d in ok], "ms"))

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from harness.gap import gap_drill
 from harness.nodes import NodeProc, node_queues, wait_serving
 from harness.procs import reserve_port, run_main, stop, tail
 from harness.stats import pct
@@ -64,6 +65,7 @@ PROGRESS_S = 10.0  # catch-up progress is printed this often
 GROUPS = [f"g{i}" for i in range(8)]
 NAMES = ("node1", "node1-backup", "node2", "node3")
 WAIT_S = 60.0
+DRAIN_S = 10.0  # after the producer stops: time for the consumer to get what was confirmed
 
 
 def _config(name: str, home: Path, listen: dict[str, str], clusters: dict[str, str]) -> dict:
@@ -139,52 +141,23 @@ def ha_cluster(workdir: Path, backup: bool = True) -> Iterator[dict[str, NodePro
 
 
 async def _drill(workdir: Path) -> tuple[float, float]:
+    """One drill on a fresh cluster (bench/harness/gap.py): kill -9 of node1."""
     with ha_cluster(workdir) as nodes:
         url = f"{nodes['node1'].url},{nodes['node1-backup'].url}"
         async with Client(url) as admin:
             await admin.create_queue(QUEUE)
-        killed_at: list[float] = []
-        first_send: list[float] = []
-        first_seen: list[float] = []
 
-        async def produce(stop_at: asyncio.Event) -> None:
-            async with Client(url) as client:
-                producer = client.producer(QUEUE, group_id="g")
-                i = 0
-                while not stop_at.is_set():
-                    sent_after_kill = bool(killed_at)
-                    await producer.send(f"{i}:{int(sent_after_kill)}")
-                    if sent_after_kill and not first_send:
-                        first_send.append(time.monotonic())
-                    i += 1
-                    await asyncio.sleep(0.01)
+        async def kill() -> None:
+            nodes["node1"].proc.send_signal(signal.SIGKILL)
 
-        async def consume(stop_at: asyncio.Event) -> None:
-            async with Client(url) as client, client.consumer(QUEUE) as consumer:
-                while not stop_at.is_set():
-                    msg = await consumer.receive(timeout=0.5)
-                    if msg is None:
-                        continue
-                    await msg.ack()
-                    if msg.text.endswith(":1") and not first_seen:
-                        first_seen.append(time.monotonic())
-
-        done = asyncio.Event()
-        tasks = [asyncio.create_task(produce(done)), asyncio.create_task(consume(done))]
-        await asyncio.sleep(1.0)  # steady flow first
-        nodes["node1"].proc.send_signal(signal.SIGKILL)
-        killed_at.append(time.monotonic())
-        deadline = time.monotonic() + WAIT_S
-        while not (first_send and first_seen) and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        done.set()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if not (first_send and first_seen):
+        gap = await gap_drill(url, QUEUE, kill, WAIT_S, DRAIN_S)
+        if gap.error:
             logs = "\n".join(
                 f"== {name}\n{tail(node.log_path, 15)}" for name, node in nodes.items()
             )
-            raise RuntimeError(f"no send or delivery through the backup after the kill\n{logs}")
-        return first_send[0] - killed_at[0], first_seen[0] - killed_at[0]
+            raise RuntimeError(f"{gap.error}\n{logs}")
+        assert gap.first_send is not None and gap.first_seen is not None
+        return gap.first_send - gap.killed_at, gap.first_seen - gap.killed_at
 
 
 # ---- 2. cost of synchronous replication
