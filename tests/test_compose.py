@@ -71,6 +71,15 @@ async def until(what: str, check: Any, timeout: float = 60.0) -> Any:
         await asyncio.sleep(0.2)
 
 
+async def backup_serves(cluster: ComposeCluster) -> None:
+    """Until node2 hears that node1-backup is the active process."""
+
+    async def took_over() -> bool:
+        return (await pair_status(cluster)).active == "node1-backup"
+
+    await until("node1-backup serves as node1", took_over)
+
+
 def report(stats: dict[str, Any]) -> None:
     """The failover moments `pinmq check` found, with the longest delivery gap around each."""
     for m in stats["failovers"]:
@@ -94,11 +103,7 @@ async def test_docker_kill_of_node1_under_load_its_backup_container_takes_over(
         sending = asyncio.create_task(load.send(range(10, 30)))
         await asyncio.sleep(0.3)  # under load
         await asyncio.to_thread(cluster.docker, "kill", "node1")
-
-        async def took_over() -> bool:
-            return (await pair_status(cluster)).active == "node1-backup"
-
-        await until("node1-backup serves as node1", took_over)
+        await backup_serves(cluster)
         await sending
         await load.send(range(30, 40))
         assert not load.failures
@@ -117,11 +122,7 @@ async def test_docker_pause_of_node1_it_fences_itself_and_rejoins_as_the_backup(
         await asyncio.sleep(0.3)
         await asyncio.to_thread(cluster.docker, "pause", "node1")
         try:
-
-            async def took_over() -> bool:
-                return (await pair_status(cluster)).active == "node1-backup"
-
-            await until("node1-backup serves as node1", took_over)
+            await backup_serves(cluster)
             await asyncio.sleep(1.0)  # it serves while node1 is still frozen
         finally:
             await asyncio.to_thread(cluster.docker, "unpause", "node1")
