@@ -75,6 +75,7 @@ def _host_port(value: str) -> str:
 
 
 HostPort = Annotated[str, AfterValidator(_host_port)]
+_WILDCARDS = {"0.0.0.0", "::", "[::]", "*"}  # bind every interface
 _NODE_ID = re.compile(r"[A-Za-z0-9_.-]+")
 
 
@@ -274,6 +275,10 @@ class ClusterSection(Strict):
     max_hops: int = 1
     connectors: list[HostPort] = Field(default_factory=list)
     reconnect_interval: int = Field(default=500, gt=0)
+    # The address peers reach this node's listen.cluster at, named to them in gossip, when it
+    # is not listen.cluster itself: a wildcard bind (0.0.0.0:7701 in a container, whose own
+    # address may change when it reconnects to its network), NAT. Default: listen.cluster.
+    advertise: HostPort | None = None
 
     @field_validator("max_hops")
     @classmethod
@@ -334,7 +339,7 @@ class HaSection(Strict):
     role: Literal["primary", "backup"]
     primary: HostPort | None = None  # backup only: its primary's listen.cluster
     # The address the other process of the pair reaches this one's listen.cluster at, when it
-    # is not listen.cluster itself (a proxy, NAT); default: listen.cluster.
+    # is not the cluster address (a proxy, NAT); default: cluster.advertise, else listen.cluster.
     advertise: HostPort | None = None
     allow_failback: bool = False
     heartbeat_interval: int = Field(default=200, gt=0)  # ms between primary <-> backup heartbeats
@@ -438,6 +443,30 @@ class NodeConfig(Strict):
                 "section and grouping-handler type LOCAL",
             )
         return self
+
+    @model_validator(mode="after")
+    def _peers_can_reach_the_cluster_listener(self) -> NodeConfig:
+        if self.cluster is not None and self.cluster.advertise is None:
+            host = self.listen.cluster.rpartition(":")[0]
+            if host in _WILDCARDS:
+                raise PydanticCustomError(
+                    "pinmq",
+                    f"listen.cluster {self.listen.cluster} binds every interface, an address "
+                    "no peer can dial: set cluster.advertise to the host:port peers reach "
+                    "this node at",
+                )
+        return self
+
+    @property
+    def cluster_address(self) -> str:
+        """The address peers reach this node's listen.cluster at (gossiped to them)."""
+        advertised = self.cluster.advertise if self.cluster is not None else None
+        return advertised or self.listen.cluster
+
+    @property
+    def pair_address(self) -> str:
+        """The address the other process of an ha pair reaches this one at."""
+        return (self.ha.advertise if self.ha is not None else None) or self.cluster_address
 
     def settings_for(self, address: str) -> AddressSettings:
         """Settings from the most specific matching entry; built-in defaults if none match."""

@@ -60,7 +60,8 @@ class ClusterNode:
         self.node = node
         self.config: ClusterSection = config
         self.node_id = node.config.node.id
-        self.address = node.config.listen.cluster
+        self.listen = node.config.listen.cluster  # bound
+        self.address = node.config.cluster_address  # named to peers: cluster.advertise, or bound
         handler = node.config.grouping_handler
         self.handler_type = handler.type if handler is not None else None
         self.topology = Topology(self.node_id)
@@ -106,10 +107,10 @@ class ClusterNode:
         for add in self._servicers:
             add(self._server)
         try:
-            self._server.add_insecure_port(self.address)
+            self._server.add_insecure_port(self.listen)
         except RuntimeError:
             raise OSError(
-                f"cannot listen on {self.address} (listen.cluster in use or not a local address)"
+                f"cannot listen on {self.listen} (listen.cluster in use or not a local address)"
             ) from None
         store = self.node.store
         self.store_id = store.store_id()
@@ -119,7 +120,7 @@ class ClusterNode:
         self._publish()
         self._tasks = [asyncio.create_task(self._announce_loop(), name="cluster-announce")]
         for address in dict.fromkeys(self.config.connectors):
-            if address != self.address:
+            if address not in (self.address, self.listen):
                 self._tasks.append(
                     asyncio.create_task(run_connector(self, address), name=f"connector:{address}")
                 )
@@ -129,7 +130,8 @@ class ClusterNode:
                 self._bridge(q.name[len(prefix) :])
         log.info(
             "cluster started",
-            listen=self.address,
+            listen=self.listen,
+            advertised=self.address,
             cluster=self.config.name,
             connectors=list(self.config.connectors),
             waiting_bridges=sorted(self._bridges),

@@ -140,7 +140,7 @@ def _summary(configs: list[NodeConfig], run_dir: Path, console: Console) -> None
         handler = cfg.grouping_handler.type if cfg.grouping_handler else "-"
         if cfg.ha is not None:
             handler += f" ({cfg.ha.role})"
-        cluster = cfg.listen.cluster if cfg.cluster else "-"
+        cluster = cfg.cluster_address if cfg.cluster else "-"
         log = str(run_dir / f"{cfg.node.id}.log")
         listen = cfg.listen
         table.add_row(cfg.node.id, listen.client, listen.stomp, listen.http, cluster, handler, log)

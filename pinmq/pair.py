@@ -166,7 +166,7 @@ class PairProcess:
             address,
             self.data_dir,
             retry_s=self.config.cluster.reconnect_interval / 1000,  # type: ignore[union-attr]
-            cluster_address=self.config.ha.advertise or self.config.listen.cluster,  # type: ignore[union-attr]
+            cluster_address=self.config.pair_address,
             on_synced=self.shell.replica_synced,
             on_broken=self.shell.replica_broke,
         )

@@ -1,8 +1,9 @@
 """The compose cluster for tests: docker-compose.yml under a project of its own (testcontainers'
 DockerCompose), with an override written per cluster that publishes each node's client and
 STOMP ports on host ports reserved for it (so they survive container restarts) and bind-mounts
-a host directory over each node's audit directory. `docker` verbs (kill, pause, restart)
-run on its containers; `down` removes the containers, network and volumes.
+a host directory over each node's audit directory. `docker` verbs (kill, pause, restart,
+network disconnect and connect) run on its containers; `down` removes the containers, network
+and volumes.
 
 Without a Docker engine the tests skip with the reason, except under CI=true, where that is a
 failure: the container tests must run in CI.
@@ -79,8 +80,10 @@ class ComposeCluster:
     """One compose cluster; `start` brings it up healthy, `down` removes everything."""
 
     def __init__(self, workdir: Path, image: str, monkeypatch: pytest.MonkeyPatch) -> None:
-        for key, value in compose_env(workdir, image).items():
+        env = compose_env(workdir, image)
+        for key, value in env.items():
             monkeypatch.setenv(key, value)  # testcontainers runs `docker compose` with them
+        self.project = env["COMPOSE_PROJECT_NAME"]
         self.audit = {name: workdir / "audit" / name for name in SERVICES}
         self.ports = {name: (reserve_port(), reserve_port()) for name in SERVICES}
         services: dict[str, dict[str, list[str]]] = {}
@@ -110,10 +113,33 @@ class ComposeCluster:
         assert done.returncode == 0, f"docker compose {' '.join(args)}: {done.stderr}"
         return done.stdout
 
-    def docker(self, verb: str, service: str) -> None:
-        """`docker <verb>` (kill, pause, unpause, restart) on a service's container."""
-        container = self.stack.get_container(service, include_all=True).ID
-        subprocess.run(["docker", verb, container], check=True, capture_output=True, timeout=120)
+    def container(self, service: str) -> str:
+        return self.stack.get_container(service, include_all=True).ID
+
+    def docker(self, *args: str, service: str) -> str:
+        """`docker <args> <the service's container>` (kill, pause, restart, inspect...)."""
+        command = ["docker", *args, self.container(service)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, f"{' '.join(command)}: {done.stderr}"
+        return done.stdout
+
+    @property
+    def network(self) -> str:
+        """The cluster's private network (docker-compose.yml's `pinmq`, under the project)."""
+        return f"{self.project}_pinmq"
+
+    def address(self, service: str) -> str:
+        """The container's address on the cluster network ("" while cut off)."""
+        ip = "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}"
+        return self.docker("inspect", "-f", ip, service=service).strip()
+
+    def disconnect(self, service: str) -> None:
+        """Cut the service off the cluster network (and so off its published ports)."""
+        self.docker("network", "disconnect", self.network, service=service)
+
+    def connect(self, service: str) -> None:
+        """Join the network again under its service name; its address may be a new one."""
+        self.docker("network", "connect", "--alias", service, self.network, service=service)
 
     @property
     def pair_url(self) -> str:

@@ -3,11 +3,11 @@
 A queue on node1 (the pair), node2 and node3. Consumers: a Python client with the pair's
 address list, a stomp.py connection with the pair's host list, and a Python client on each
 REMOTE node; each acks as it goes while holding its newest deliveries out. Producers: Python
-clients with the address list and on node2 (node1's groups then reach it by store-and-forward),
-and a stomp.py producer with the host list. Every process audits, so do the clients (the
-STOMP ones through the drill's own audit log), and the drill ends with `pinmq check` on the
-whole history: no loss, no duplicate, no order or exclusivity violation, one route per
-binding and epoch.
+clients with the address list and on node2 or node3 (the groups bound elsewhere then reach
+their queue by store-and-forward), and a stomp.py producer with the host list. Every process
+audits, so do the clients (the STOMP ones through the drill's own audit log), and the drill
+ends with `pinmq check` on the whole history: no loss, no duplicate, no order or exclusivity
+violation, one route per binding and epoch.
 
 The stomp.py clients take the pair's host list as stomp.py does (it tries them in order);
 after a drop they start the list at the next host, since a frozen process still accepts TCP
@@ -333,14 +333,15 @@ class HaLoad:
         self.workers.append(worker)
         return worker
 
-    async def send(self, turns: range, pause_s: float = 0.01) -> None:
-        """Every group's messages of `turns`, the groups concurrently, one at a time each.
+    async def send(self, turns: range, pause_s: float = 0.01, remote: str = "node2") -> None:
+        """Every group's messages of `turns`, the groups concurrently, one at a time each; the
+        odd Python groups through `remote` (a REMOTE node).
 
         A Python send that fails for good ends its group's part (what was confirmed counts).
         """
 
         async def python_group(g: int) -> None:
-            url = self.ha.pair_url if g % 2 == 0 else self.ha.client_url("node2")
+            url = self.ha.pair_url if g % 2 == 0 else self.ha.client_url(remote)
             name = f"py-g{g:02d}-{turns.start}"
             async with Client(url, audit=self.clients_dir, audit_name=name) as client:
                 producer = client.producer(QUEUE, group_id=f"g{g:02d}")

@@ -14,6 +14,8 @@ after, pass or fail. Without a Docker engine these tests skip, except under CI=t
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -25,6 +27,7 @@ from ha_load import HaLoad
 
 from broker.client import Client
 from broker.client.info import HaPairStatus
+from cluster.bridge import sf_queue
 
 IMAGE = "pinmq:test"
 
@@ -48,6 +51,8 @@ async def drill(
         try:
             await load.close()
         finally:
+            logs = await asyncio.to_thread(cluster.compose, "logs", "--no-color", "-t")
+            (tmp_path / "containers.log").write_text(logs)  # kept for a failure's post-mortem
             await asyncio.to_thread(cluster.down)
 
 
@@ -102,7 +107,7 @@ async def test_docker_kill_of_node1_under_load_its_backup_container_takes_over(
         )
         sending = asyncio.create_task(load.send(range(10, 30)))
         await asyncio.sleep(0.3)  # under load
-        await asyncio.to_thread(cluster.docker, "kill", "node1")
+        await asyncio.to_thread(lambda: cluster.docker("kill", service="node1"))
         await backup_serves(cluster)
         await sending
         await load.send(range(30, 40))
@@ -120,12 +125,12 @@ async def test_docker_pause_of_node1_it_fences_itself_and_rejoins_as_the_backup(
         await load.send(range(0, 10))
         sending = asyncio.create_task(load.send(range(10, 30)))
         await asyncio.sleep(0.3)
-        await asyncio.to_thread(cluster.docker, "pause", "node1")
+        await asyncio.to_thread(lambda: cluster.docker("pause", service="node1"))
         try:
             await backup_serves(cluster)
             await asyncio.sleep(1.0)  # it serves while node1 is still frozen
         finally:
-            await asyncio.to_thread(cluster.docker, "unpause", "node1")
+            await asyncio.to_thread(lambda: cluster.docker("unpause", service="node1"))
 
         async def rejoined() -> bool:
             pair = await pair_status(cluster)
@@ -143,6 +148,66 @@ async def test_docker_pause_of_node1_it_fences_itself_and_rejoins_as_the_backup(
     report(stats)
 
 
+async def linked(cluster: ComposeCluster, url: str, peer: str) -> bool:
+    """Whether the node at `url` has a live cluster link to `peer`."""
+    async with Client(url) as client:
+        return (await client.cluster_status()).connected.get(peer, False)
+
+
+def held_for(history: Path, peer: str, window: tuple[int, int]) -> int:
+    """Messages the nodes stored for `peer` (its store-and-forward queues) within `window`
+    (ns), by their audit logs."""
+    queue, (start, end) = sf_queue("pinmq", peer), window
+    held = 0
+    for segment in history.glob("node*/*.jsonl"):
+        for line in segment.read_text().splitlines():
+            event = json.loads(line)
+            if event["kind"] == "sent" and event.get("queue") == queue:
+                held += start <= event["ts_ns"] <= end
+    return held
+
+
+async def test_docker_network_disconnect_of_node2_its_groups_wait_and_it_rejoins(
+    tmp_path: Path, image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """node2 off the cluster network (and so off its published ports) while the load goes on
+    through node3 and the pair: the groups bound to node2's queue wait in the senders'
+    store-and-forward queues, no other consumer takes them. Back on the network, with maybe a
+    new address (each node binds 0.0.0.0 and advertises its service name), it is found again
+    and serves them, in order."""
+    async with drill(tmp_path, image, monkeypatch) as (cluster, load):
+        await load.send(range(0, 10))
+        sending = asyncio.create_task(load.send(range(10, 30), remote="node3"))
+        await asyncio.sleep(0.3)
+        before = cluster.address("node2")
+        await asyncio.to_thread(cluster.disconnect, "node2")
+        cut_at = time.time_ns()
+        try:
+
+            async def cut_off() -> bool:
+                return not await linked(cluster, cluster.pair_url, "node2")
+
+            await until("the pair notices node2 is gone", cut_off)
+            await sending
+        finally:
+            cut = (cut_at, time.time_ns())
+            await asyncio.to_thread(cluster.connect, "node2")
+        print(f"node2 rejoined at {cluster.address('node2')} (was {before})")
+
+        async def rejoined() -> bool:
+            url = cluster.client_url("node2")
+            return all([await linked(cluster, url, peer) for peer in ("node1", "node3")])
+
+        await until("node2 linked to node1 and node3 again", rejoined)
+        await load.add_worker("py-node2-again", cluster.client_url("node2"))
+        await load.send(range(30, 40))  # through node2 again
+        assert not load.failures
+        stats = await load.finish(tmp_path / "report")
+    report(stats)
+    # node2's groups were sent to while it was away: those messages waited for it.
+    assert held_for(tmp_path / "history", "node2", cut) > 0
+
+
 async def test_docker_restart_of_node3_and_of_the_whole_stack_keep_every_message(
     tmp_path: Path, image: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -150,7 +215,7 @@ async def test_docker_restart_of_node3_and_of_the_whole_stack_keep_every_message
         await load.send(range(0, 10))
         sending = asyncio.create_task(load.send(range(10, 20)))
         await asyncio.sleep(0.3)
-        await asyncio.to_thread(cluster.docker, "restart", "node3")
+        await asyncio.to_thread(lambda: cluster.docker("restart", service="node3"))
         await asyncio.to_thread(cluster.compose, "up", "-d", "--wait")  # node3 healthy again
         await sending
         await load.add_worker("py-node3-again", cluster.client_url("node3"))

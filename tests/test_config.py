@@ -96,6 +96,23 @@ def test_deploy_cluster_is_consistent() -> None:
             assert set(c.cluster.connectors) == others
 
 
+def test_compose_cluster_is_consistent() -> None:
+    """The containers bind every interface and name their service to peers: every connector,
+    and the backup's primary, is another container's advertised address."""
+    names = ("node1", "node1-backup", "node2", "node3")
+    cfgs = {n: load_config(REPO / "deploy" / "compose" / f"{n}.yaml") for n in names}
+    assert {n: c.cluster_address for n, c in cfgs.items()} == {n: f"{n}:7701" for n in names}
+    assert {c.listen.cluster for c in cfgs.values()} == {"0.0.0.0:7701"}
+    backup = cfgs["node1-backup"]
+    assert backup.ha is not None and backup.ha.primary == "node1:7701"
+    assert backup.pair_address == "node1-backup:7701"
+    for name, c in cfgs.items():
+        assert c.cluster is not None
+        others = {o.cluster_address for n, o in cfgs.items() if n != name}
+        voters = {"node2:7701", "node3:7701"}
+        assert set(c.cluster.connectors) == (voters if c.ha is not None else others)
+
+
 def test_minimal_config_gets_all_defaults() -> None:
     cfg = parse_config("node: {id: n1}", "n1.yaml")
     assert cfg.node.data_dir == Path("data/n1")
@@ -313,6 +330,28 @@ grouping-handler: {name: gh, type: REMOTE, address: orders, timeout: 250, group-
     assert cfg.grouping_handler.reaper_period == 30000
     assert cfg.grouping_handler.covers("orders.eu") and not cfg.grouping_handler.covers("audit")
     assert parse_config("node: {id: n1}", "m.yaml").cluster is None
+
+
+def test_cluster_address_is_listen_cluster_unless_advertised() -> None:
+    cfg = parse_config("node: {id: n1}\ncluster: {}", "c.yaml")
+    assert cfg.cluster_address == cfg.pair_address == "127.0.0.1:7701"
+    text = "node: {id: n1}\nlisten: {cluster: '0.0.0.0:7701'}\ncluster: {advertise: 'n1:7701'}"
+    cfg = parse_config(text, "c.yaml")
+    assert (cfg.listen.cluster, cfg.cluster_address) == ("0.0.0.0:7701", "n1:7701")
+    pair = HA_BASE.replace("cluster: {", "cluster: {advertise: 'n1:7701', ")
+    assert parse_config(pair + "ha: {role: primary}", "p.yaml").pair_address == "n1:7701"
+    ha = parse_config(pair + "ha: {role: primary, advertise: 'proxy:9000'}", "p.yaml")
+    assert ha.pair_address == "proxy:9000"  # ha.advertise first: the pair's own link
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "[::]"])
+def test_a_wildcard_cluster_listener_needs_an_advertised_address(host: str) -> None:
+    text = f"node: {{id: n1}}\nlisten: {{cluster: '{host}:7701'}}\ncluster: {{}}"
+    problems = error_text(text, "w.yaml")
+    assert f"listen.cluster {host}:7701 binds every interface" in problems
+    assert "set cluster.advertise" in problems
+    # Without a cluster section nobody dials it: no advertised address needed.
+    assert parse_config(text.replace("\ncluster: {}", ""), "w.yaml").cluster is None
 
 
 def test_grouping_handler_needs_a_valid_type_and_timeout() -> None:

@@ -135,7 +135,11 @@ def test_distribution_is_even_over_the_eligible_instances(
 # ---- ClusterNode.choose on two in-process nodes ---------------------------------------------
 
 
-def _config(tmp_path: Path, node_id: str, port: int, peer: int, **extra: Any) -> NodeConfig:
+def _config(
+    tmp_path: Path, node_id: str, port: int, peer: int, bind: str = "127.0.0.1", **extra: Any
+) -> NodeConfig:
+    """`bind` other than 127.0.0.1: listen.cluster there, advertised as 127.0.0.1."""
+    advertise = {"advertise": f"127.0.0.1:{port}"} if bind != "127.0.0.1" else {}
     return NodeConfig.model_validate(
         {
             "node": {"id": node_id, "data-dir": str(tmp_path / node_id)},
@@ -143,9 +147,10 @@ def _config(tmp_path: Path, node_id: str, port: int, peer: int, **extra: Any) ->
                 "client": f"127.0.0.1:{reserve_port()}",
                 "stomp": f"127.0.0.1:{reserve_port()}",
                 "http": f"127.0.0.1:{reserve_port()}",
-                "cluster": f"127.0.0.1:{port}",
+                "cluster": f"{bind}:{port}",
             },
             "cluster": {
+                **advertise,
                 "address": "orders",
                 "load-balancing": "STRICT",
                 "connectors": [f"127.0.0.1:{peer}"],
@@ -165,8 +170,14 @@ async def _until(check: Callable[[], bool], what: str) -> None:
 
 async def test_cluster_node_routes_over_gossiped_instances(tmp_path: Path) -> None:
     pa, pb = reserve_port(), reserve_port()
-    a = Node(_config(tmp_path, "a", pa, pb, **{"grouping-handler": {"type": "LOCAL"}}))
+    # a binds a name and advertises its address: peers dial what it advertises.
+    local = {"grouping-handler": {"type": "LOCAL"}}
+    a = Node(_config(tmp_path, "a", pa, pb, bind="localhost", **local))
     b = Node(_config(tmp_path, "b", pb, pa, **{"grouping-handler": {"type": "REMOTE"}}))
+    assert (a.config.listen.cluster, a.config.cluster_address) == (
+        f"localhost:{pa}",
+        f"127.0.0.1:{pa}",
+    )
     await a.start()
     await b.start()
     try:
@@ -201,9 +212,10 @@ async def test_cluster_node_routes_over_gossiped_instances(tmp_path: Path) -> No
         await asyncio.sleep(0.2)
         assert all(not q.startswith("$") for q in ca.topology.state("a").instances)  # type: ignore[union-attr]
         # The grouping handlers found each other through gossip.
-        assert ca.locate_local_handler() == a.config.listen.cluster
+        assert ca.locate_local_handler() == f"127.0.0.1:{pa}"
         await _until(lambda: cb.locate_local_handler() is not None, "b to learn a's handler")
-        assert cb.locate_local_handler() == a.config.listen.cluster
+        assert cb.locate_local_handler() == f"127.0.0.1:{pa}"
+        assert cb.topology.state("a").cluster_address == f"127.0.0.1:{pa}"  # type: ignore[union-attr]
         assert ca.problems() == cb.problems() == []
     finally:
         await b.stop(0)
