@@ -181,7 +181,7 @@ async def test_docker_network_disconnect_of_node2_its_groups_wait_and_it_rejoins
     and serves them, in order."""
     async with drill(tmp_path, image, monkeypatch) as (cluster, load):
         await load.send(range(0, 10))
-        sending = asyncio.create_task(load.send(range(10, 30), remote="node3"))
+        sending = asyncio.create_task(load.send(range(10, 20), remote="node3"))
         await asyncio.sleep(0.3)
         before = cluster.address("node2")
         await asyncio.to_thread(cluster.disconnect, "node2")
@@ -191,8 +191,9 @@ async def test_docker_network_disconnect_of_node2_its_groups_wait_and_it_rejoins
             async def cut_off() -> bool:
                 return not await linked(cluster, cluster.pair_url, "node2")
 
-            await until("the pair notices node2 is gone", cut_off)
             await sending
+            await load.send(range(20, 30), remote="node3")  # all of it while node2 is away
+            await until("the pair notices node2 is gone", cut_off)
         finally:
             cut = (cut_at, time.time_ns())
             await asyncio.to_thread(cluster.connect, "node2")
