@@ -32,6 +32,7 @@ from broker.effects import Delivery, Effects
 from broker.engine import ConsumerStream
 from cluster.connector import CHANNEL_OPTIONS
 from cluster.local import LocalNode
+from cluster.outage import Outage
 from pinmq_pb import cluster_pb2 as pb
 from pinmq_pb import cluster_pb2_grpc as pb_grpc
 
@@ -228,10 +229,11 @@ class Bridge:
     async def _run(self) -> None:
         cluster = self.cluster
         interval = cluster.config.reconnect_interval / 1000
-        logged: str | None = None
+        outage = Outage()  # a long outage logs each of its failures once
         try:
             while True:
                 address = await cluster.reachable(self.peer)
+                acked = self.acked
                 try:
                     await self._session(address)
                     reason = "the peer ended the forward stream"
@@ -245,9 +247,10 @@ class Bridge:
                 except Exception as err:  # a bug must not end forwarding for good
                     log.exception("bridge failed", peer=self.peer)
                     reason = repr(err)
-                if reason != logged and not cluster.stopping:
+                if self.acked != acked:
+                    outage.over()  # it forwarded: its next failure is news again
+                if outage.news(reason) and not cluster.stopping:
                     log.info("bridge down", peer=self.peer, address=address, reason=reason)
-                    logged = reason
                 await asyncio.sleep(interval)
         except _QueueGone:
             log.info("bridge ended: its queue was deleted", peer=self.peer, queue=self.queue)

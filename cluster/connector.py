@@ -17,6 +17,7 @@ from grpc import aio
 
 from broker import channels, logs
 from broker.config import ClusterSection
+from cluster.outage import Outage
 from cluster.topology import HandlerType, NodeState
 from pinmq_pb import cluster_pb2 as pb
 from pinmq_pb import cluster_pb2_grpc as pb_grpc
@@ -207,7 +208,7 @@ class GossipLink:
 async def run_connector(cluster: GossipHost, address: str) -> None:
     """Keep one gossip link to `address` up, re-dialling every reconnect-interval."""
     interval = cluster.config.reconnect_interval / 1000
-    logged: str | None = None  # the last failure logged, so a long outage logs once
+    outage = Outage()  # a long outage logs each of its failures once
     while True:
         link = GossipLink(cluster, via=address)
         try:
@@ -227,8 +228,8 @@ async def run_connector(cluster: GossipHost, address: str) -> None:
             code = err.code()
             reason = f"{code.name if code else 'UNKNOWN'}: {err.details()}"
         if link.peer is not None:
-            logged = None  # it was up: its next failure is news again
-        if reason != logged and not cluster.stopping:
+            outage.over()
+        if outage.news(reason) and not cluster.stopping:
             if "ping timeout" in reason:  # open sockets, no answer: frozen, hung or cut off
                 log.warning(
                     "cluster peer not answering",
@@ -238,5 +239,4 @@ async def run_connector(cluster: GossipHost, address: str) -> None:
                 )
             else:
                 log.info("cluster connector down", connector=address, peer=link.peer, reason=reason)
-            logged = reason
         await asyncio.sleep(interval)
