@@ -75,7 +75,7 @@ def _host_port(value: str) -> str:
 
 
 HostPort = Annotated[str, AfterValidator(_host_port)]
-_WILDCARDS = {"0.0.0.0", "::", "[::]", "*"}  # bind every interface
+_WILDCARDS = {"0.0.0.0", "::", "[::]"}  # bind every interface
 _NODE_ID = re.compile(r"[A-Za-z0-9_.-]+")
 
 

@@ -30,9 +30,11 @@ def published() -> dict[str, dict[str, str]]:
         capture_output=True,
         text=True,
     ).stdout
+    # One object per line; Compose before 2.21 printed one array.
+    text = listing.strip()
+    services = json.loads(text) if text.startswith("[") else map(json.loads, text.splitlines())
     found: dict[str, dict[str, str]] = {}
-    for line in listing.splitlines():
-        service = json.loads(line)
+    for service in services:
         by_target = {
             p["TargetPort"]: f"{p['URL'] or '127.0.0.1'}:{p['PublishedPort']}"
             for p in service.get("Publishers") or []

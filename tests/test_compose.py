@@ -18,7 +18,7 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -58,6 +58,13 @@ async def drill(
             logs = await asyncio.to_thread(cluster.compose, "logs", "--no-color", "-t")
             (tmp_path / "containers.log").write_text(logs)  # kept for a failure's post-mortem
             await asyncio.to_thread(cluster.down)
+
+
+async def under_way(sends: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+    """The load's sends started, and going for a moment: the fault comes under load."""
+    sending = asyncio.create_task(sends)
+    await asyncio.sleep(0.3)
+    return sending
 
 
 async def pair_status(cluster: ComposeCluster) -> HaPairStatus:
@@ -109,8 +116,7 @@ async def test_docker_kill_of_node1_under_load_its_backup_container_takes_over(
             "node1-backup",
             True,
         )
-        sending = asyncio.create_task(load.send(range(10, 30)))
-        await asyncio.sleep(0.3)  # under load
+        sending = await under_way(load.send(range(10, 30)))
         await asyncio.to_thread(lambda: cluster.docker("kill", service="node1"))
         await backup_serves(cluster)
         await sending
@@ -127,8 +133,7 @@ async def test_docker_pause_of_node1_it_fences_itself_and_rejoins_as_the_backup(
 ) -> None:
     async with drill(tmp_path, image, monkeypatch) as (cluster, load):
         await load.send(range(0, 10))
-        sending = asyncio.create_task(load.send(range(10, 30)))
-        await asyncio.sleep(0.3)
+        sending = await under_way(load.send(range(10, 30)))
         await asyncio.to_thread(lambda: cluster.docker("pause", service="node1"))
         try:
             await backup_serves(cluster)
@@ -179,8 +184,7 @@ async def test_docker_network_disconnect_of_node2_its_groups_wait_and_it_rejoins
     and serves them, in order."""
     async with drill(tmp_path, image, monkeypatch) as (cluster, load):
         await load.send(range(0, 10))
-        sending = asyncio.create_task(load.send(range(10, 20), remote="node3"))
-        await asyncio.sleep(0.3)
+        sending = await under_way(load.send(range(10, 20), remote="node3"))
         before = cluster.address("node2")
         await asyncio.to_thread(cluster.disconnect, "node2")
         cut_at = time.time_ns()
@@ -224,8 +228,7 @@ async def test_docker_restart_of_node3_and_of_the_whole_stack_keep_every_message
 ) -> None:
     async with drill(tmp_path, image, monkeypatch) as (cluster, load):
         await load.send(range(0, 10))
-        sending = asyncio.create_task(load.send(range(10, 20)))
-        await asyncio.sleep(0.3)
+        sending = await under_way(load.send(range(10, 20)))
         await asyncio.to_thread(lambda: cluster.docker("restart", service="node3"))
         await asyncio.to_thread(cluster.compose, "up", "-d", "--wait")  # node3 healthy again
         await sending
