@@ -21,8 +21,9 @@ from collections.abc import Container, Sequence
 
 from broker.budget import Meter, footprint
 from broker.config import QueueConfig
-from broker.effects import ConsumerInfo, Delivery, Effects, GroupInfo
+from broker.effects import Delivery, Effects
 from broker.grouping import group_key
+from broker.info import ConsumerInfo, GroupInfo
 from broker.message import GROUP_SEQ_HEADER, Message
 
 

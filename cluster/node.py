@@ -21,7 +21,8 @@ from grpc import aio
 
 from broker import logs
 from broker.config import ClusterSection
-from broker.effects import Effects
+from broker.message import Outgoing
+from broker.unit import Placement
 from cluster.bridge import (
     COUNT_HEADER,
     FORWARD_HEADER,
@@ -34,7 +35,7 @@ from cluster.bridge import (
 )
 from cluster.connector import SERVER_OPTIONS, GossipLink, run_connector
 from cluster.ha import PairShell, VoterRegistry
-from cluster.local import LocalNode
+from cluster.local import LocalEngine
 from cluster.replication import Replicator
 from cluster.routing import Router
 from cluster.service import ClusterService
@@ -53,16 +54,16 @@ Callback = Callable[[Topology], None]
 class ClusterNode:
     """The cluster side of one node. Create, `add_servicer(...)`, then `await start()`."""
 
-    def __init__(self, node: LocalNode) -> None:
-        config = node.config.cluster
+    def __init__(self, engine: LocalEngine) -> None:
+        config = engine.config.cluster
         if config is None:
             raise ValueError("the node has no cluster section")
-        self.node = node
+        self.engine = engine
         self.config: ClusterSection = config
-        self.node_id = node.config.node.id
-        self.listen = node.config.listen.cluster  # bound
-        self.address = node.config.cluster_address  # named to peers: cluster.advertise, or bound
-        handler = node.config.grouping_handler
+        self.node_id = engine.config.node.id
+        self.listen = engine.config.listen.cluster  # bound
+        self.address = engine.config.cluster_address  # named to peers: cluster.advertise, or bound
+        handler = engine.config.grouping_handler
         self.handler_type = handler.type if handler is not None else None
         self.topology = Topology(self.node_id)
         self.router = Router()
@@ -70,7 +71,7 @@ class ClusterNode:
         self.admission: Admission | None = None  # set by the node when grouping is on
         self.replicator: Replicator | None = None  # set by the node of an ha primary
         self.pair: PairShell | None = None  # set when this node is an ha pair's active process
-        self.voters = VoterRegistry(Path(node.config.node.data_dir))  # votes for ha pairs
+        self.voters = VoterRegistry(Path(engine.config.node.data_dir))  # votes for ha pairs
         self.store_id = 0
         self._incarnation = time.time_ns()
         self._version = 0
@@ -112,9 +113,8 @@ class ClusterNode:
             raise OSError(
                 f"cannot listen on {self.listen} (listen.cluster in use or not a local address)"
             ) from None
-        store = self.node.store
-        self.store_id = store.store_id()
-        self.receiver.load(store.load_marks())
+        self.store_id = self.engine.store_id()
+        self.receiver.load(self.engine.forward_marks())
         await self._server.start()
         self._started = True
         self._publish()
@@ -125,7 +125,7 @@ class ClusterNode:
                     asyncio.create_task(run_connector(self, address), name=f"connector:{address}")
                 )
         prefix = sf_queue(self.config.name, "")
-        for q in self.node.core.queues():
+        for q in self.engine.queues():
             if q.name.startswith(prefix):
                 self._bridge(q.name[len(prefix) :])
         log.info(
@@ -169,7 +169,7 @@ class ClusterNode:
         policy = self.config.load_balancing if self.config.covers(address) else "OFF"
         local = [
             Instance(q.name, self.node_id, q.consumer_count, True, address)
-            for q in self.node.core.queues_of(address)
+            for q in self.engine.queues_of(address)
             if queue is None or q.name == queue
         ]
         remote = [
@@ -180,36 +180,21 @@ class ClusterNode:
         key = address if queue is None else f"{address}\x00{queue}"
         return self.router.choose(key, local + remote, policy, self.node_id)
 
-    def forward(
-        self,
-        node_id: str,
-        queue: str,
-        address: str,
-        body: bytes,
-        headers: dict[str, str],
-        persistent: bool,
-        now_ns: int,
-        delivery_count: int = 0,
-    ) -> Effects:
-        """Enqueue a message for `queue@node_id` into that node's SF queue (created on demand).
+    def forwarding(self, node_id: str, queue: str, m: Outgoing) -> Placement:
+        """Where `m` waits on its way to `queue@node_id`: that node's store-and-forward queue
+        (created on demand, `Unit.place`), whose bridge starts if needed.
 
-        Hand the Effects to `LocalNode.apply` and await its write before acknowledging the send;
-        the message's id is `fx.added[-1].msg_id`. The bridge to the node starts if needed.
-        `delivery_count`: deliveries it already had here (a moved group), so it stays flagged
-        as a redelivery there.
+        The copy names its target queue, and the deliveries it already had here (a moved
+        group), so it stays flagged as a redelivery there.
         """
         if node_id == self.node_id:
-            raise ValueError("forward() is for other nodes; enqueue local messages directly")
-        core = self.node.core
-        name = sf_queue(self.config.name, node_id)
-        fx = core.ensure_internal_queue(name, SF_SETTINGS)
-        headers = {**headers, FORWARD_HEADER: queue}
-        if delivery_count:
-            headers[COUNT_HEADER] = str(delivery_count)
-        _, more = core.deliver_to(name, address, body, headers, persistent, now_ns)
-        fx.merge(more)
+            raise ValueError("forwarding() is for other nodes; place local messages directly")
+        headers = {**m.headers, FORWARD_HEADER: queue}
+        if m.delivery_count:
+            headers[COUNT_HEADER] = str(m.delivery_count)
+        copy = Outgoing(m.address, m.body, headers, m.persistent)
         self._bridge(node_id)
-        return fx
+        return Placement(sf_queue(self.config.name, node_id), copy, SF_SETTINGS)
 
     def locate_local_handler(self) -> str | None:
         """Cluster address of the node with the LOCAL grouping handler, from gossip."""
@@ -322,7 +307,7 @@ class ClusterNode:
     def _snapshot(self) -> dict[str, dict[str, int]]:
         covers = self.config.covers
         instances: dict[str, dict[str, int]] = {}
-        for q in self.node.core.queues():
+        for q in self.engine.queues():
             if covers(q.address) and not q.name.startswith(SF_PREFIX):
                 instances.setdefault(q.address, {})[q.name] = q.consumer_count
         return instances

@@ -40,12 +40,12 @@ from broker import logs
 from broker.clock import now_ns
 from broker.config import QueueConfig
 from broker.core import CoreError
-from broker.effects import Effects
+from broker.engine import QueueView
 from broker.grouping import group_key
-from broker.queue import Queue
-from broker.sending import Outgoing, Sent, route_once
+from broker.message import Outgoing
+from broker.unit import Placement, Unit
 from cluster.bridge import SF_PREFIX
-from cluster.local import LocalNode
+from cluster.local import LocalEngine
 from cluster.node import ClusterNode
 from cluster.topology import Instance
 from handler.api import Binding, DecisionTimeout, GroupingHandler, HandlerUnavailable
@@ -67,48 +67,49 @@ class ClusteredSendPath:
     """The send path of a clustered node; both client shells call it through the seam."""
 
     def __init__(
-        self, node: LocalNode, cluster: ClusterNode, handler: GroupingHandler | None
+        self, engine: LocalEngine, cluster: ClusterNode, handler: GroupingHandler | None
     ) -> None:
-        self.node = node
+        self.engine = engine
         self.cluster = cluster
         self.handler = handler
-        self.core = node.core
-        self.config = node.config
-        self.node_id = node.config.node.id
+        self.config = engine.config
+        self.node_id = engine.config.node.id
 
     # ---- sending ----------------------------------------------------------------------------
 
-    def send_now(self, batch: Sequence[Outgoing], now_ns: int) -> Sent | None:
+    def send_now(self, batch: Sequence[Outgoing], unit: Unit, now_ns: int) -> list[int] | None:
         """Route the batch now; None (nothing done) when a grouping decision must be awaited.
 
         Raises CoreError (nothing done) when a message cannot be routed at all. Duplicates
-        (`_AMQ_DUPL_ID`) are dropped here, on the node the client sent to (`route_once`).
+        (`_AMQ_DUPL_ID`) are dropped first, on the node the client sent to (`Unit.route`).
         """
 
-        def route(fresh: Sequence[Outgoing]) -> Sent | None:
-            plan = self._plan(fresh, {}, None)
-            return None if plan is None else self._commit(fresh, plan, now_ns, {})
+        def plan(fresh: Sequence[Outgoing]) -> list[list[Placement] | None] | None:
+            targets = self._plan(fresh, {}, None)
+            return None if targets is None else self._placements(fresh, targets, {})
 
-        return route_once(self.core, batch, route)
+        return unit.route(batch, plan, now_ns)
 
-    async def send(self, batch: Sequence[Outgoing]) -> Sent:
+    async def send(self, batch: Sequence[Outgoing], unit: Unit) -> list[int]:
         """Await the batch's missing decisions (concurrently), then route all of it.
 
         Duplicates are screened out before each plan, so none waits for a decision; the plan
-        that is complete is committed with no await after its screening.
+        that is complete is routed with no await after its screening.
         """
         decided: dict[Key, Binding] = {}
         took: dict[Key, int] = {}  # how long each decision took (ns), for the audit log
         while True:
             missing: dict[Key, str] = {}
 
-            def route(fresh: Sequence[Outgoing], missing: dict[Key, str] = missing) -> Sent | None:
-                plan = self._plan(fresh, decided, missing)
-                return None if plan is None else self._commit(fresh, plan, now_ns(), took)
+            def plan(
+                fresh: Sequence[Outgoing], missing: dict[Key, str] = missing
+            ) -> list[list[Placement] | None] | None:
+                targets = self._plan(fresh, decided, missing)
+                return None if targets is None else self._placements(fresh, targets, took)
 
-            sent = route_once(self.core, batch, route)
-            if sent is not None:
-                return sent
+            ids = unit.route(batch, plan, now_ns())
+            if ids is not None:
+                return ids
             for key, (binding, ns) in (await self._decide(missing)).items():
                 decided[key] = binding
                 took[key] = ns
@@ -126,7 +127,7 @@ class ClusteredSendPath:
         that cannot be routed, before anything was enqueued.
         """
         cluster = self.cluster
-        core = self.core
+        engine = self.engine
         handler = self.handler
         grouping = self.config.grouping_handler
         covers = cluster.config.covers
@@ -138,7 +139,7 @@ class ClusteredSendPath:
             address = m.address
             if not covers(address) or address.startswith(SF_PREFIX):
                 if address not in checked:
-                    core.check_address(address)
+                    engine.check_address(address)
                     checked.add(address)
                 plan.append(None)
                 continue
@@ -163,7 +164,7 @@ class ClusteredSendPath:
                         continue
                     node = None if binding.node == me else binding.node
                 if node is None and address not in checked:
-                    core.check_address(address)  # enqueued here: may it be (auto-created)?
+                    engine.check_address(address)  # enqueued here: may it be (auto-created)?
                     checked.add(address)
                 targets.append((queue, node, binding))
             plan.append(targets)
@@ -176,7 +177,7 @@ class ClusteredSendPath:
         queue (the local one if it exists, else the one other nodes have, else the address
         name, auto-created); each queue name keys its groups the same way on every node.
         """
-        local = {q.name: q.settings for q in self.core.queues_of(address)}
+        local = {q.name: q.settings for q in self.engine.queues_of(address)}
         remote = {
             i.queue for i in cluster.topology.instances(address, include_down=True) if not i.local
         }
@@ -197,50 +198,30 @@ class ClusteredSendPath:
             queues.append((name, settings))
         return queues
 
-    def _commit(
-        self,
-        batch: Sequence[Outgoing],
-        plan: list[list[Target] | None],
-        now: int,
-        took: dict[Key, int],
-    ) -> Sent:
-        """Enqueue every message as planned; `took`: decisions awaited for this batch (ns).
+    def _placements(
+        self, batch: Sequence[Outgoing], plan: list[list[Target] | None], took: dict[Key, int]
+    ) -> list[list[Placement] | None]:
+        """Where each message goes, as planned; `took`: decisions awaited for this batch (ns).
 
         A decision's time goes with the first message routed by it (the group's first here).
         """
-        cluster = self.cluster
-        core = self.core
-        audit = self.node.audit
+        forwarding = self.cluster.forwarding
         me = self.node_id
-        ids: list[int] = []
-        total = Effects()
+        out: list[list[Placement] | None] = []
         for m, targets in zip(batch, plan, strict=True):
             if targets is None:
-                msg_id, fx = core.send(m.address, m.body, m.headers, m.persistent, now)
-                ids.append(msg_id)
-                total.merge(fx)
+                out.append(None)
                 continue
-            first: int | None = None
+            places: list[Placement] = []
             for queue, node, binding in targets:
-                if node is None:
-                    copy_id, fx = core.deliver_to(
-                        queue, m.address, m.body, m.headers, m.persistent, now
-                    )
-                else:
-                    fx = cluster.forward(
-                        node, queue, m.address, m.body, m.headers, m.persistent, now
-                    )
-                    copy_id = fx.added[-1].msg_id
-                if audit is not None:
-                    decision = took.pop(binding.key, None) if took and binding else None
-                    audit.routed(
-                        copy_id, m.address, m.headers, queue, node or me, binding, decision
-                    )
-                if first is None:
-                    first = copy_id
-                total.merge(fx)
-            ids.append(first or 0)
-        return ids, total
+                p = Placement(queue, m) if node is None else forwarding(node, queue, m)
+                p.target = (queue, node or me)
+                p.binding = binding
+                if took and binding is not None:
+                    p.decision_ns = took.pop(binding.key, None)
+                places.append(p)
+            out.append(places)
+        return out
 
     async def _decide(self, missing: dict[Key, str]) -> dict[Key, tuple[Binding, int]]:
         """Every missing decision and how long it took (ns), concurrently.
@@ -286,11 +267,11 @@ class ClusteredSendPath:
 
     def redistribute_all(self) -> None:
         """`redistribute` every clustered queue (after a topology change, and now and then)."""
-        for queue in self.core.queues():
+        for queue in self.engine.queues():
             if queue.ungrouped_pending and not queue.consumer_count:
                 self.redistribute(queue)
 
-    def redistribute(self, queue: Queue) -> None:
+    def redistribute(self, queue: QueueView) -> None:
         """ON_DEMAND: a queue without consumers hands its pending ungrouped messages to the
         instances of the same queue that have consumers, through their SF queues.
 
@@ -314,16 +295,12 @@ class ClusteredSendPath:
         ]
         if not busy:
             return
-        now = now_ns()
-        taken, fx = self.core.take_ungrouped(queue.name)
         moved: dict[str, int] = {}
-        for m in taken:
-            node = _node(cluster.choose(queue.address, queue.name)) or busy[0].node
-            fx.merge(
-                cluster.forward(node, queue.name, m.address, m.body, m.headers, m.persistent, now)
-            )
-            moved[node] = moved.get(node, 0) + 1
-        self.node.apply(fx)
+        with self.engine.unit() as unit:
+            for m in unit.take_ungrouped(queue.name):
+                node = _node(cluster.choose(queue.address, queue.name)) or busy[0].node
+                unit.place(cluster.forwarding(node, queue.name, m.outgoing()))
+                moved[node] = moved.get(node, 0) + 1
         log.info("ungrouped messages redistributed", queue=queue.name, to=moved)
 
 

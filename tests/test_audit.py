@@ -12,16 +12,18 @@ from typing import Any
 
 import pytest
 from conftest import NodeProcess, cli, unique
+from engine_harness import RecordingEngine, send
 from structlog.testing import capture_logs
 from test_cluster_send import ME, Node, ScriptedHandler, bind, msg, peers
 
 from broker import audit as audit_module
-from broker.audit import MID_HEADER, AuditLog, read_events, segments
+from broker.audit import MID_HEADER, AuditLog, node_audit, read_events, segments
 from broker.client import Client
-from broker.config import ConfigError, NodeConfig, QueueConfig, parse_config
+from broker.config import NodeConfig, QueueConfig
+from broker.config_file import ConfigError, parse_config
 from broker.core import BrokerCore
 from broker.effects import Effects
-from broker.engine import Engine
+from broker.message import Outgoing
 from cluster.node import ClusterNode
 from cluster.sending import ClusteredSendPath
 from handler.api import Binding
@@ -65,7 +67,7 @@ def test_node_events_from_a_real_core(tmp_path: Path) -> None:
     fx = Effects()
     for seq in (1, 2, 3):
         headers = {"JMSXGroupID": "g", "JMSXGroupSeq": str(seq), MID_HEADER: f"p.1/{seq}"}
-        fx.merge(core.send("q", b"x", headers, True, 1)[1])
+        fx.merge(core.send(Outgoing("q", b"x", headers, True), 1)[1])
     fx.merge(core.subscribe("q", "c1", "worker", 10, 2))
     log.effects(fx)
     log.effects(core.ack("q", "c1", [1], 3))
@@ -100,8 +102,8 @@ def test_a_message_taken_away_unheld_leaves_no_acked_event(tmp_path: Path) -> No
     core = BrokerCore(parse_config("node: {id: n1}", "x"))
     core.create_queue("q", "q", QueueConfig())
     log = AuditLog(tmp_path, "n1", flush_ms=10).start()
-    log.effects(core.send("q", b"x", {MID_HEADER: "p/1"}, True, 1)[1])
-    log.effects(core.send("q", b"y", {MID_HEADER: "p/2"}, True, 1)[1])
+    log.effects(core.send(Outgoing("q", b"x", {MID_HEADER: "p/1"}, True), 1)[1])
+    log.effects(core.send(Outgoing("q", b"y", {MID_HEADER: "p/2"}, True), 1)[1])
     log.effects(core.subscribe("q", "c1", "worker", 1, 2))  # holds p/1 only
     taken, fx = core.take_ungrouped("q")  # ON_DEMAND redistribution takes p/2 away
     assert [m.headers[MID_HEADER] for m in taken] == ["p/2"] and fx.removed
@@ -242,17 +244,18 @@ async def test_the_send_path_writes_one_routed_event_per_message_and_target_queu
             "audit": {"enabled": True, "dir": str(tmp_path / "audit")},
         }
     )
-    engine, handler = Engine(config), ScriptedHandler()
+    audit = node_audit(config)
+    assert audit is not None
+    engine, handler = RecordingEngine(config, audit), ScriptedHandler()
     cluster = ClusterNode(engine)
     node = Node(engine, cluster, ClusteredSendPath(engine, cluster, handler))
-    assert engine.audit is not None
-    engine.audit.start()
+    audit.start()
     peers(node, {"n2": {"orders": {"orders.a": 1, "orders.b": 1}}})  # only n2 has consumers
     bind(handler, "known", "orders.a", "n2")
     bind(handler, "known", "orders.b", ME)
     batch = [msg("1", "new"), msg("2", "known"), msg("3", "new"), msg("4")]
-    ids, fx = await node.sender.send(batch)
-    engine.audit.close()
+    ids, fx = await send(engine, node.sender, batch)
+    audit.close()
     assert sorted(handler.calls) == [("new", "orders.a", "n2"), ("new", "orders.b", "n2")]
     routed = events_in(tmp_path / "audit")
     assert [e["msg_id"] for e in routed] == [m.msg_id for m in fx.added]

@@ -21,11 +21,10 @@ from grpc import aio
 from ports import reserve_port
 
 from broker.client import Client, Received
-from broker.clock import now_ns
 from broker.config import NodeConfig, QueueConfig
 from broker.core import ORIGINAL_QUEUE_HEADER, BrokerCore
 from broker.effects import Effects
-from broker.message import Message
+from broker.message import Message, Outgoing
 from broker.store import Store
 from cluster.bridge import FORWARD_HEADER, sf_queue
 from cluster.node import ClusterNode
@@ -87,17 +86,17 @@ def test_deliver_to_targets_the_named_queue_not_the_address_routing() -> None:
     core.create_queue("a", "q2", QueueConfig())
     ids = []
     for _ in range(3):
-        msg_id, fx = core.deliver_to("q2", "a", b"x", {}, True, 1)
+        msg_id, fx = core.deliver_to("q2", Outgoing("a", b"x", {}, True), 1)
         assert [m.queue for m in fx.added] == ["q2"] and not fx.queues_created
         ids.append(msg_id)
     assert ids == sorted(ids) and core.queue("q2").depth == 3 and core.queue("q1").depth == 0
-    send_id, _ = core.send("a", b"y", {}, True, 2)
+    send_id, _ = core.send(Outgoing("a", b"y", {}, True), 2)
     assert send_id > ids[-1]  # one id sequence for both paths
 
 
 def test_deliver_to_auto_creates_the_queue_per_address_settings() -> None:
     core = _core(**{"default-group-buckets": 4})
-    msg_id, fx = core.deliver_to("orders.eu", "orders", b"x", {"h": "v"}, True, 1)
+    msg_id, fx = core.deliver_to("orders.eu", Outgoing("orders", b"x", {"h": "v"}, True), 1)
     assert msg_id is not None
     [(address, name, settings)] = fx.queues_created
     assert (address, name, settings.group_buckets) == ("orders", "orders.eu", 4)
@@ -108,11 +107,11 @@ def test_deliver_to_auto_creates_the_queue_per_address_settings() -> None:
 def test_deliver_to_without_auto_create_dead_letters_or_drops() -> None:
     core = _core(**{"auto-create-queues": False, "dead-letter-address": "DLQ"})
     core.create_queue("DLQ", "DLQ", QueueConfig())
-    msg_id, fx = core.deliver_to("gone", "a", b"x", {}, True, 1)
+    msg_id, fx = core.deliver_to("gone", Outgoing("a", b"x", {}, True), 1)
     assert msg_id is not None and [m.queue for m in fx.added] == ["DLQ"]
     assert fx.added[0].headers[ORIGINAL_QUEUE_HEADER] == "gone"
     nowhere = _core(**{"auto-create-queues": False, "dead-letter-address": None})
-    assert nowhere.deliver_to("gone", "a", b"x", {}, True, 1) == (None, Effects())
+    assert nowhere.deliver_to("gone", Outgoing("a", b"x", {}, True), 1) == (None, Effects())
 
 
 def test_internal_queue_is_created_once() -> None:
@@ -162,19 +161,17 @@ class Sender:
 
     def sf_depth(self, peer: str = "b") -> int:
         assert self.node is not None
-        return self.node.engine.core.queue(sf_queue("pinmq", peer)).depth
+        return self.node.engine.queue(sf_queue("pinmq", peer)).depth
 
     async def forward(self, bodies: list[str], queue: str = "orders", **headers: str) -> None:
         """Forward to b's `queue` and wait until the SF queue holds them durably."""
         assert self.node is not None
-        total = Effects()
-        for body in bodies:
-            total.merge(
-                self.cluster.forward("b", queue, queue, body.encode(), headers, True, now_ns())
-            )
-        write = self.node.engine.apply(total)
-        if write is not None:
-            await write
+        with self.node.engine.unit() as unit:
+            for body in bodies:
+                message = Outgoing(queue, body.encode(), headers, True)
+                unit.place(self.cluster.forwarding("b", queue, message))
+        if unit.write is not None:
+            await unit.write
 
 
 def receiver(tmp_path: Path, cluster_addr: str, sender_addr: str) -> NodeProcess:
@@ -264,7 +261,7 @@ async def test_messages_wait_for_a_down_peer_and_survive_a_sender_restart(
     node = await sender.start()
     assert sender.sf_depth() == 200
     assert "b" in sender.cluster.bridges()  # restarted for the waiting messages
-    names = [q.name for q in node.engine.core.queues()]
+    names = [q.name for q in node.engine.queues()]
     assert names == ["$sf.pinmq.b"]
     await sender.forward([f"m{i}" for i in range(200, 300)])
     await asyncio.sleep(0.3)  # b is still down: nothing may leave

@@ -4,7 +4,7 @@ is refused, blocked or let in to be paged, and how the meters add up."""
 from __future__ import annotations
 
 from broker.budget import MESSAGE_OVERHEAD, Budget, Meter, footprint
-from broker.config import parse_config
+from broker.config_file import parse_config
 from broker.message import Message
 
 CONFIG = """

@@ -42,23 +42,25 @@ def trio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterNodes]:
 
 
 def test_merge_lists_bindings_with_their_table_entries_and_unbound_groups() -> None:
-    from cluster.admin import GroupRow, merge
+    from broker.info import ClusterGroupInfo
+    from cluster.admin import merge
     from handler.api import Binding, BindingUse
 
+    ms = 1_000_000
     bindings = [BindingUse(Binding("g1", "q", "n2", 1), 500)]
     rows = [
-        GroupRow("n2", "q", "g1", "c-1", "worker", 3, 1, 700),
-        GroupRow("n3", "q", "g1", None, None, 2, 0, 100),  # left there when g1 moved
+        ClusterGroupInfo("g1", "q", "n2", False, "c-1", "worker", 3, 1, 700 * ms),
+        ClusterGroupInfo("g1", "q", "n3", False, None, None, 2, 0, 100 * ms),  # left behind
     ]
     merged = merge(bindings, rows)
     assert [(e.group, e.queue, e.node, e.bound) for e in merged] == [
         ("g1", "q", "n2", True),
         ("g1", "q", "n3", False),
     ]
-    assert (merged[0].owner_name, merged[0].pending, merged[0].last_use_unix_ms) == (
+    assert (merged[0].owner_name, merged[0].pending, merged[0].last_use_ns) == (
         "worker",
         3,
-        700,
+        700 * ms,
     )
     assert merge(bindings, [])[0].owner is None
 

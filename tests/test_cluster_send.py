@@ -1,6 +1,7 @@
 """The clustered send path's decisions (cluster/sending.py), in process and without I/O.
 
-An engine that is never started gets a real `ClusterNode` (its topology fed by hand, so
+An engine without a store (tests/engine_harness.py: real units over a real core, whose
+commits are recorded) gets a real `ClusterNode` (its topology fed by hand, so
 routing is real) and a scripted grouping handler, wired as the node process wires them, so
 every decision can be checked on the Effects the `ClusteredSendPath` returns: which queue,
 which node, what is left untouched.
@@ -15,13 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from engine_harness import RecordingEngine, send, send_now
 
 from broker.config import NodeConfig, QueueConfig
 from broker.core import BrokerCore, CoreError
 from broker.effects import Effects
-from broker.engine import Engine
-from broker.message import DUPLICATE_ID_HEADER, GROUP_ID_HEADER
-from broker.sending import Outgoing
+from broker.message import DUPLICATE_ID_HEADER, GROUP_ID_HEADER, Outgoing
 from cluster.bridge import FORWARD_HEADER, sf_queue
 from cluster.node import ClusterNode
 from cluster.sending import ClusteredSendPath, GroupingUnavailable
@@ -72,7 +72,7 @@ def bind(handler: ScriptedHandler, group: str, queue: str, node: str) -> None:
 class Node:
     """The parts of a clustered node the send path works with."""
 
-    engine: Engine
+    engine: RecordingEngine
     cluster: ClusterNode
     sender: ClusteredSendPath
 
@@ -94,7 +94,7 @@ def make(tmp_path: Path) -> Iterator[Any]:
                 **extra,
             }
         )
-        engine = Engine(config)
+        engine = RecordingEngine(config)
         cluster = ClusterNode(engine)
         handler = ScriptedHandler()
         return Node(engine, cluster, ClusteredSendPath(engine, cluster, handler)), handler
@@ -144,7 +144,7 @@ async def test_ungrouped_round_robin_and_cached_groups_route_at_once(make: Any) 
     bind(handler, "g-here", "orders", ME)
     bind(handler, "g-n3", "orders", "n3")
     batch = [msg("u1"), msg("u2"), msg("a", "g-n3"), msg("b", "g-here"), msg("c", "g-n3")]
-    sent = node.sender.send_now(batch, 1)
+    sent = send_now(node.engine, node.sender, batch, 1)
     assert sent is not None
     ids, fx = sent
     assert len(ids) == 5 and ids == sorted(ids)
@@ -164,7 +164,7 @@ async def test_a_missing_decision_defers_the_whole_batch_and_changes_nothing(mak
     peers(node, {"n2": {"orders": {"orders": 1}}})
     bind(handler, "known", "orders", "n2")
     batch = [msg("a", "known"), msg("b", "new"), msg("u")]
-    assert node.sender.send_now(batch, 1) is None
+    assert send_now(node.engine, node.sender, batch, 1) is None
     assert untouched(node) and handler.calls == []
 
 
@@ -176,7 +176,7 @@ async def test_send_awaits_every_missing_decision_concurrently_then_routes_in_or
     peers(node, {"n2": {"orders": {"orders": 1}}, "n3": {"orders": {"orders": 0}}})
     handler.release.clear()
     batch = [msg("a1", "ga"), msg("b1", "gb"), msg("a2", "ga"), msg("u")]
-    sending = asyncio.create_task(node.sender.send(batch))
+    sending = asyncio.create_task(send(node.engine, node.sender, batch))
     for _ in range(10):
         await asyncio.sleep(0)
     # Both decisions are asked for at once, each once, proposing what routing picks (the
@@ -197,12 +197,12 @@ async def test_no_decision_in_time_fails_the_batch_and_enqueues_nothing(make: An
     text = "no grouping decision for group 'new' on queue 'orders' within 1000 ms: unreachable"
     handler.fail = DecisionTimeout(text)
     with pytest.raises(GroupingUnavailable, match="within 1000 ms") as failed:
-        await node.sender.send([msg("a", "known"), msg("b", "new")])
+        await send(node.engine, node.sender, [msg("a", "known"), msg("b", "new")])
     assert failed.value.code == "unavailable" and str(failed.value) == text
     assert untouched(node)
     handler.fail = HandlerUnavailable("the LOCAL grouping handler is not running")
     with pytest.raises(GroupingUnavailable, match="not running"):
-        await node.sender.send([msg("b", "new")])
+        await send(node.engine, node.sender, [msg("b", "new")])
 
 
 async def test_a_multicast_address_binds_each_queue_on_its_own(make: Any) -> None:
@@ -211,7 +211,7 @@ async def test_a_multicast_address_binds_each_queue_on_its_own(make: Any) -> Non
     peers(node, {"n2": {"orders": {"orders.a": 1, "orders.b": 0}}})
     bind(handler, "g", "orders.a", "n2")
     bind(handler, "g", "orders.b", ME)
-    sent = node.sender.send_now([msg("x", "g")], 1)
+    sent = send_now(node.engine, node.sender, [msg("x", "g")], 1)
     assert sent is not None
     assert sorted(where(node, sent[1])) == [("x", "orders.a@n2"), ("x", f"orders.b@{ME}")]
 
@@ -219,17 +219,19 @@ async def test_a_multicast_address_binds_each_queue_on_its_own(make: Any) -> Non
 async def test_a_queue_only_other_nodes_have_is_the_target_and_keys_the_group(make: Any) -> None:
     node, handler = make()
     peers(node, {"n3": {"orders": {"orders.q": 1}}})
-    assert await node.sender.send([msg("x", "g")]) is not None
+    assert await send(node.engine, node.sender, [msg("x", "g")]) is not None
     assert handler.calls == [("g", "orders.q", "n3")]
 
 
 async def test_addresses_outside_the_cluster_take_the_standalone_path(make: Any) -> None:
     node, handler = make(**{"address-settings": {"closed": {"auto-create-queues": False}}})
     peers(node, {"n2": {"misc": {"misc": 5}}})  # not clustered: cluster.address is "orders"
-    sent = node.sender.send_now([msg("x", "g", address="misc")], 1)
+    sent = send_now(node.engine, node.sender, [msg("x", "g", address="misc")], 1)
     assert sent is not None and where(node, sent[1]) == [("x", f"misc@{ME}")]
     with pytest.raises(CoreError, match="closed"):  # refused before anything is enqueued
-        node.sender.send_now([msg("y", address="orders"), msg("z", address="closed")], 2)
+        send_now(
+            node.engine, node.sender, [msg("y", address="orders"), msg("z", address="closed")], 2
+        )
     assert node.core.queues_of("orders") == [] and handler.calls == []
 
 
@@ -238,10 +240,10 @@ async def test_a_local_handler_that_sees_another_refuses_new_groups(make: Any) -
     peers(node, {"n2": {}}, n2="LOCAL")
     node.cluster.topology.update(NodeState(ME, f"{ME}:7701", "LOCAL", {}, 2, 1))
     with pytest.raises(GroupingUnavailable, match="two LOCAL grouping handlers"):
-        await node.sender.send([msg("x", "g")])
+        await send(node.engine, node.sender, [msg("x", "g")])
     assert handler.calls == []
     bind(handler, "g", "orders", ME)  # a group bound before goes on
-    assert node.sender.send_now([msg("x", "g")], 1) is not None
+    assert send_now(node.engine, node.sender, [msg("x", "g")], 1) is not None
 
 
 async def test_redistribution_moves_ungrouped_messages_only(make: Any) -> None:
@@ -249,10 +251,10 @@ async def test_redistribution_moves_ungrouped_messages_only(make: Any) -> None:
     node.core.create_queue("orders", "orders", QueueConfig())
     for i, group in enumerate([None, "g", None, "g", None]):
         node.core.send(
-            "orders", f"m{i}".encode(), {GROUP_ID_HEADER: group} if group else {}, True, 1
+            Outgoing("orders", f"m{i}".encode(), {GROUP_ID_HEADER: group} if group else {}, True), 1
         )
-    applied: list[Effects] = []
-    node.engine.apply = lambda fx, receipt=None: applied.append(fx)  # type: ignore[method-assign]
+    node.engine.applied.clear()
+    applied = node.engine.applied
     node.sender.redistribute_all()
     assert applied == []  # no instance elsewhere has consumers
     peers(node, {"n2": {"orders": {"orders": 0}}, "n3": {"orders": {"orders": 2}}})
@@ -273,7 +275,7 @@ async def test_duplicates_are_dropped_on_the_entry_node_before_any_decision(make
     node.core.create_queue("orders", "orders", QueueConfig())
     peers(node, {"n2": {"orders": {"orders": 1}}})
     bind(handler, "known", "orders", "n2")
-    sent = node.sender.send_now([msg("a", "known", dup="x"), msg("u", dup="y")], 1)
+    sent = send_now(node.engine, node.sender, [msg("a", "known", dup="x"), msg("u", dup="y")], 1)
     assert sent is not None
     first, fx = sent
     assert where(node, fx) == [("a", "orders@n2"), ("u", "orders@n2")]
@@ -282,7 +284,7 @@ async def test_duplicates_are_dropped_on_the_entry_node_before_any_decision(make
     assert fx.duplicate_ids == [("orders", "x", first[0]), ("orders", "y", first[1])]
     # Sent again, in a new group that would need a decision: dropped, no decision asked for.
     batch = [msg("a", "new", dup="x"), msg("b", "known"), msg("u", dup="y"), msg("b2", dup="z")]
-    sent = node.sender.send_now([*batch, msg("b2 again", dup="z")], 2)
+    sent = send_now(node.engine, node.sender, [*batch, msg("b2 again", dup="z")], 2)
     assert sent is not None
     ids, fx = sent
     assert handler.calls == []
@@ -301,12 +303,14 @@ async def test_a_batch_awaiting_a_decision_drops_an_id_accepted_meanwhile(make: 
     peers(node, {"n2": {"orders": {"orders": 1}}})
     bind(handler, "known", "orders", ME)
     handler.release.clear()
-    waiting = asyncio.create_task(node.sender.send([msg("late", "new", dup="x"), msg("w")]))
+    waiting = asyncio.create_task(
+        send(node.engine, node.sender, [msg("late", "new", dup="x"), msg("w")])
+    )
     for _ in range(10):
         await asyncio.sleep(0)
     assert handler.calls == [("new", "orders", "n2")] and not waiting.done()
     # Another connection brings the same id and is routed at once.
-    sent = node.sender.send_now([msg("early", "known", dup="x")], 1)
+    sent = send_now(node.engine, node.sender, [msg("early", "known", dup="x")], 1)
     assert sent is not None
     (early,), _ = sent
     handler.release.set()

@@ -29,7 +29,7 @@ from ha_load import QUEUE, HaLoad
 from ports import reserve_port
 
 from broker.client import Client
-from broker.client.info import HaPairStatus
+from broker.info import HaPairStatus
 from cluster.bridge import sf_queue
 
 IMAGE = "pinmq:test"

@@ -8,12 +8,10 @@ import pytest
 
 from broker.config import (
     AddressSettings,
-    ConfigError,
     NodeConfig,
     QueueConfig,
-    load_config,
-    parse_config,
 )
+from broker.config_file import ConfigError, load_config, parse_config
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -16,7 +16,7 @@ from broker.core import (
     UnknownAddress,
 )
 from broker.effects import Effects
-from broker.message import GROUP_ID_HEADER, Message
+from broker.message import GROUP_ID_HEADER, Message, Outgoing
 
 # ---- BrokerCore routing -------------------------------------------------------------------------
 
@@ -25,7 +25,7 @@ def test_multicast_address_copies_to_every_queue() -> None:
     core = core_from(
         "addresses:\n  news:\n    routing-type: multicast\n    queues: {s1: {}, s2: {}, s3: {}}\n"
     )
-    msg_id, fx = core.send("news", b"hi", {GROUP_ID_HEADER: "A"}, True, 0)
+    msg_id, fx = core.send(Outgoing("news", b"hi", {GROUP_ID_HEADER: "A"}, True), 0)
     assert sorted(m.queue for m in fx.added) == ["s1", "s2", "s3"]
     assert {m.msg_id for m in fx.added} == {msg_id}
     assert len({id(m) for m in fx.added}) == 3  # separate copies
@@ -38,7 +38,7 @@ def test_anycast_two_queues_keeps_group_on_one_queue_and_round_robins_ungrouped(
     for i in range(20):
         gid = ["A", "B", None, "C", None][i % 5]
         headers = {GROUP_ID_HEADER: gid} if gid else {}
-        _, fx = core.send("orders", b"", headers, False, i)
+        _, fx = core.send(Outgoing("orders", b"", headers, False), i)
         assert len(fx.added) == 1
         where[gid].append(fx.added[0].queue)
     for gid in ("A", "B", "C"):
@@ -51,13 +51,13 @@ def test_anycast_two_queues_keeps_group_on_one_queue_and_round_robins_ungrouped(
 def test_auto_create_disabled_raises_unknown_address() -> None:
     core = core_from('address-settings: {"#": {auto-create-queues: false}}')
     with pytest.raises(UnknownAddress):
-        core.send("nowhere", b"", {}, False, 0)
+        core.send(Outgoing("nowhere", b"", {}, False), 0)
     assert core.queues() == []
 
 
 def test_auto_create_creates_queue_with_address_settings() -> None:
     core = core_from('address-settings: {"orders.#": {default-group-buckets: 8}}')
-    _, fx = core.send("orders.eu", b"", {}, False, 0)
+    _, fx = core.send(Outgoing("orders.eu", b"", {}, False), 0)
     ((address, name, settings),) = fx.queues_created
     assert (address, name, settings.group_buckets) == ("orders.eu", "orders.eu", 8)
     assert core.queue("orders.eu").settings.group_buckets == 8
@@ -66,8 +66,8 @@ def test_auto_create_creates_queue_with_address_settings() -> None:
 def test_delete_queue_returns_all_its_messages() -> None:
     core = core_from()
     for i in range(5):
-        core.send("orders", b"", {GROUP_ID_HEADER: f"g{i % 2}"}, False, i)
-    core.send("orders", b"", {}, False, 5)
+        core.send(Outgoing("orders", b"", {GROUP_ID_HEADER: f"g{i % 2}"}, False), i)
+    core.send(Outgoing("orders", b"", {}, False), 5)
     fx = core.subscribe("orders", "c1", "c1", 2, 6)
     assert len(fx.deliveries) == 2
     fx = core.delete_queue("orders")
@@ -79,10 +79,10 @@ def test_delete_queue_returns_all_its_messages() -> None:
 def test_send_after_deleting_the_auto_created_queue_is_not_silently_lost() -> None:
     """An accepted anycast send must end up in a queue (auto-created again) or be refused."""
     core = core_from()
-    core.send("orders", b"", {}, True, 0)
+    core.send(Outgoing("orders", b"", {}, True), 0)
     core.delete_queue("orders")
     try:
-        _, fx = core.send("orders", b"again", {}, True, 1)
+        _, fx = core.send(Outgoing("orders", b"again", {}, True), 1)
     except UnknownAddress:
         return
     assert [m.queue for m in fx.added] == ["orders"]
@@ -109,14 +109,14 @@ def test_restore_messages_restores_order_and_continues_ids() -> None:
     assert sorted(got) == [3, 7, 9, 12, 15]
     assert [i for i in got if i in (3, 9, 15)] == [3, 9, 15]  # group A in stored order
     assert fx.deliveries[0].message.delivery_count == 2
-    msg_id, _ = core.send("orders", b"", {}, False, 1)
+    msg_id, _ = core.send(Outgoing("orders", b"", {}, False), 1)
     assert msg_id == 21  # after the highest stored id, orphans included
 
 
 def test_restore_messages_respects_a_higher_next_id() -> None:
     core = core_from()
     assert core.restore_messages([], next_msg_id=500) == (0, 0)
-    msg_id, _ = core.send("orders", b"", {}, False, 0)
+    msg_id, _ = core.send(Outgoing("orders", b"", {}, False), 0)
     assert msg_id == 500
 
 
@@ -124,11 +124,11 @@ def test_persistent_only_on_durable_queues() -> None:
     core = core_from(
         "addresses:\n  d: {queues: {d: {durable: true}}}\n  t: {queues: {t: {durable: false}}}\n"
     )
-    _, fx = core.send("d", b"", {}, True, 0)
+    _, fx = core.send(Outgoing("d", b"", {}, True), 0)
     assert [m.persistent for m in fx.added] == [True]
-    _, fx = core.send("d", b"", {}, False, 0)
+    _, fx = core.send(Outgoing("d", b"", {}, False), 0)
     assert [m.persistent for m in fx.added] == [False]
-    _, fx = core.send("t", b"", {}, True, 0)
+    _, fx = core.send(Outgoing("t", b"", {}, True), 0)
     assert [m.persistent for m in fx.added] == [False]
 
 

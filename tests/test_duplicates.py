@@ -6,18 +6,21 @@ and STOMP, and a kill -9, in tests/test_duplicates_node.py.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 
 import pytest
+from engine_harness import RecordingEngine, send_now
 from queue_harness import core_from
 
 from broker.config import NodeConfig
 from broker.core import BrokerCore, UnknownAddress
 from broker.duplicates import MAX_ID_CHARS, IdCache, id_key
+from broker.effects import Effects
 from broker.engine import Engine
-from broker.message import DUPLICATE_ID_HEADER
-from broker.sending import LocalSendPath, Outgoing
+from broker.message import DUPLICATE_ID_HEADER, Outgoing
+from broker.sending import LocalSendPath
 
 DUP = DUPLICATE_ID_HEADER
 
@@ -132,14 +135,21 @@ def bodies(core: BrokerCore, queue: str) -> list[bytes]:
     return [m.body for m in core.queue(queue).held()]
 
 
+def sent(engine: RecordingEngine, batch: list[Outgoing], now: int) -> tuple[list[int], Effects]:
+    """A client's batch through a standalone node's send path: (msg ids, Effects)."""
+    result = send_now(engine, LocalSendPath(), batch, now)
+    assert result is not None
+    return result
+
+
 def test_a_message_sent_again_is_answered_with_the_original_id_and_dropped() -> None:
     core = core_from()
-    path = LocalSendPath(core)
-    ids, fx = path.send_now([out("q", "first", "d1"), out("q", "plain")], 1)
+    engine = RecordingEngine(core)
+    ids, fx = sent(engine, [out("q", "first", "d1"), out("q", "plain")], 1)
     assert fx.duplicate_ids == [("q", "d1", ids[0])]  # stored with the messages it came with
     assert [m.msg_id for m in fx.added] == ids and fx.duplicates == []
 
-    again, fx = path.send_now([out("q", "resent", "d1"), out("q", "plain")], 2)
+    again, fx = sent(engine, [out("q", "resent", "d1"), out("q", "plain")], 2)
     assert again[0] == ids[0] and again[1] not in ids  # no id: a new message each time
     assert [m.body for m in fx.added] == [b"plain"]
     assert fx.duplicates == [("q", "d1", ids[0])] and fx.duplicate_ids == []
@@ -149,8 +159,10 @@ def test_a_message_sent_again_is_answered_with_the_original_id_and_dropped() -> 
 
 def test_within_one_batch_the_later_copy_is_dropped() -> None:
     core = core_from()
-    ids, fx = LocalSendPath(core).send_now(
-        [out("q", "a", "x"), out("q", "b", "y"), out("q", "a again", "x"), out("r", "a", "x")], 1
+    ids, fx = sent(
+        RecordingEngine(core),
+        [out("q", "a", "x"), out("q", "b", "y"), out("q", "a again", "x"), out("r", "a", "x")],
+        1,
     )
     assert ids[2] == ids[0] and len(set(ids)) == 3
     assert [(m.queue, m.body) for m in fx.added] == [("q", b"a"), ("q", b"b"), ("r", b"a")]
@@ -160,20 +172,19 @@ def test_within_one_batch_the_later_copy_is_dropped() -> None:
 
 def test_a_batch_of_duplicates_only_changes_nothing_but_the_count() -> None:
     core = core_from()
-    path = LocalSendPath(core)
-    (first,), _ = path.send_now([out("q", "a", "x")], 1)
-    ids, fx = path.send_now([out("q", "a", "x"), out("q", "a", "x")], 2)
+    engine = RecordingEngine(core)
+    (first,), _ = sent(engine, [out("q", "a", "x")], 1)
+    ids, fx = sent(engine, [out("q", "a", "x"), out("q", "a", "x")], 2)
     assert ids == [first, first]
     assert not (fx.added or fx.duplicate_ids or fx.queues_created)
     assert len(fx.duplicates) == 2 and bodies(core, "q") == [b"a"]
 
 
 def test_non_persistent_ids_are_remembered_but_not_stored() -> None:
-    core = core_from()
-    path = LocalSendPath(core)
-    (first,), fx = path.send_now([out("q", "a", "mem", persistent=False)], 1)
+    engine = RecordingEngine(core_from())
+    (first,), fx = sent(engine, [out("q", "a", "mem", persistent=False)], 1)
     assert fx.duplicate_ids == []
-    ids, fx = path.send_now([out("q", "a", "mem", persistent=False)], 2)
+    ids, fx = sent(engine, [out("q", "a", "mem", persistent=False)], 2)
     assert ids == [first] and fx.added == [] and len(fx.duplicates) == 1
 
 
@@ -182,16 +193,16 @@ def test_a_refused_batch_remembers_none_of_its_ids() -> None:
         "address-settings:\n"
         "  'noauto.#': {auto-create-queues: false, auto-create-addresses: false}\n"
     )
-    path = LocalSendPath(core)
+    engine = RecordingEngine(core)
     with pytest.raises(UnknownAddress):
-        path.send_now([out("q", "a", "x"), out("noauto.q", "b", "y")], 1)
-    _, fx = path.send_now([out("q", "a", "x")], 2)
+        sent(engine, [out("q", "a", "x"), out("noauto.q", "b", "y")], 1)
+    _, fx = sent(engine, [out("q", "a", "x")], 2)
     assert [m.body for m in fx.added] == [b"a"] and fx.duplicates == []
 
 
 def test_detection_off_enqueues_every_copy() -> None:
     core = core_from("limits: {id-cache-size: 0}\n")
-    ids, fx = LocalSendPath(core).send_now([out("q", "a", "x"), out("q", "a", "x")], 1)
+    ids, fx = sent(RecordingEngine(core), [out("q", "a", "x"), out("q", "a", "x")], 1)
     assert ids[0] != ids[1] and len(fx.added) == 2 and fx.duplicate_ids == []
     assert core.duplicates_dropped == 0
 
@@ -206,11 +217,15 @@ def config(tmp_path: Path, size: int = 20_000) -> NodeConfig:
 
 
 async def send(engine: Engine, *batch: Outgoing) -> list[int]:
-    ids, fx = LocalSendPath(engine.core).send_now(list(batch), 1)
-    write = engine.apply(fx)
-    if write is not None:
-        await write
+    with engine.unit() as unit:
+        ids = LocalSendPath().send_now(list(batch), unit, 1)
+    if unit.write is not None:
+        await unit.write
     return ids
+
+
+def held(engine: Engine, queue: str) -> list[bytes]:
+    return [m.body for m in engine._core.queue(queue).held()]
 
 
 def stored_ids(tmp_path: Path) -> list[tuple[str, str, int]]:
@@ -236,7 +251,7 @@ async def test_ids_are_stored_with_their_messages_and_read_back_at_start(tmp_pat
         again = await send(engine, out("q", "a", "x"), out("q", "b", "mem", persistent=False))
         assert again[0] == ids[0]  # the id survived the restart: dropped, the original's id
         # The non-persistent id did not survive (nor did its message): "b" is taken again.
-        assert [m.body for m in engine.core.queue("q").held()] == [b"a", b"b"]
+        assert held(engine, "q") == [b"a", b"b"]
         assert engine.resources()["duplicates_dropped"] == 1
     finally:
         await engine.close()
@@ -255,7 +270,7 @@ async def test_a_lowered_cache_size_shrinks_the_stored_ids_at_start(tmp_path: Pa
     engine.open()
     try:
         fresh = await send(engine, out("q", "again", "id-2"), out("q", "again", "id-4"))
-        assert len(engine.core.queue("q").held()) == 6  # id-2 was forgotten, id-4 was not
+        assert len(held(engine, "q")) == 6  # id-2 was forgotten, id-4 was not
         await send(engine, out("q", "one more", "id-5"))  # a write after the trim's
     finally:
         await engine.close()
@@ -267,17 +282,20 @@ async def test_a_duplicate_is_confirmed_only_once_its_original_is_on_disk(tmp_pa
     engine = Engine(config(tmp_path))
     engine.open()
     try:
-        path = LocalSendPath(engine.core)
-        _, fx = path.send_now([out("q", "a", "x")], 1)
-        original = engine.apply(fx)
-        _, fx = path.send_now([out("q", "a", "x")], 2)
-        assert fx.added == [] and fx.duplicate_ids == []
-        duplicate = engine.apply(fx)  # nothing of its own to write, yet it waits
+        path = LocalSendPath()
+
+        def commit(now: int) -> asyncio.Future[None] | None:
+            with engine.unit() as unit:
+                path.send_now([out("q", "a", "x")], unit, now)
+            return unit.write
+
+        original = commit(1)
+        duplicate = commit(2)  # nothing of its own to write, yet it waits
+        assert held(engine, "q") == [b"a"]
         assert original is not None and duplicate is not None and not duplicate.done()
         await duplicate
         assert original.done()
         # Once the original is on disk, a duplicate has nothing to wait for.
-        _, fx = path.send_now([out("q", "a", "x")], 3)
-        assert engine.apply(fx) is None
+        assert commit(3) is None
     finally:
         await engine.close()

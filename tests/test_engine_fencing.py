@@ -13,8 +13,9 @@ import pytest
 from broker.audit import read_events, segments
 from broker.clock import now_ns
 from broker.config import NodeConfig, QueueConfig
-from broker.engine import ConsumerStream, Engine, NotServing
-from broker.sending import LocalSendPath, Outgoing
+from broker.engine import Engine, NotServing
+from broker.message import Outgoing
+from broker.sending import LocalSendPath
 
 
 async def test_a_process_that_lost_its_node_carries_out_and_records_nothing_more(
@@ -26,25 +27,22 @@ async def test_a_process_that_lost_its_node_carries_out_and_records_nothing_more
             "audit": {"enabled": True, "dir": str(tmp_path / "audit"), "flush-ms": 10},
         }
     )
-    engine = Engine(config)
     holds = True
-    engine.serving = lambda: holds
+    engine = Engine(config, lambda: holds)
     assert engine.audit is not None
-    engine.audit.holding = lambda: holds
     engine.open()
     engine.start()
     try:
-        engine.core.create_queue("q", "q", QueueConfig())
-        fx = engine.core.subscribe("q", "c1", "worker", 10, now_ns())
-        stream = engine.streams["c1"] = ConsumerStream("c1", "q")
-        engine.apply(fx)
-        path = LocalSendPath(engine.core)
+        await engine.create_queue("q", "q", QueueConfig())
+        with engine.unit() as unit:
+            stream = unit.subscribe("q", "c1", "worker", 10)
+        path = LocalSendPath()
 
         async def send(body: str) -> None:
-            _, fx = path.send_now([Outgoing("q", body.encode(), {}, True)], now_ns())
-            write = engine.apply(fx)
-            assert write is not None
-            await write
+            with engine.unit() as unit:
+                path.send_now([Outgoing("q", body.encode(), {}, True)], unit, now_ns())
+            assert unit.write is not None
+            await unit.write
 
         await send("before")
         [delivery] = await asyncio.wait_for(stream.outbound.get(), 5)

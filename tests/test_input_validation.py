@@ -28,6 +28,7 @@ from broker.validation import (
 )
 from pinmq.grpc_api import _pack
 from pinmq.stomp.frames import encode_frame
+from pinmq.stomp.protocol import MESSAGE_OWN
 
 # ---- the rules --------------------------------------------------------------------------
 
@@ -183,6 +184,8 @@ _RESERVED = {
     "id",
     "expires",
     "priority",
+    # A MESSAGE frame's own headers: the node writes them, a sender's value is not passed on.
+    *(name.lower() for name in MESSAGE_OWN),
 }
 _text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=20)
 # stomp.py escapes header values but not names: a name with one of these breaks its frames.

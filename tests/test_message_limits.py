@@ -19,7 +19,7 @@ from grpc import aio
 from stomp_helpers import Raw
 
 from broker.client import Client, InvalidArgument
-from broker.config import ConfigError, load_config
+from broker.config_file import ConfigError, load_config
 from broker.message import DUPLICATE_ID_HEADER
 from pinmq.grpc_api import _abort
 from pinmq.stomp.frames import encode_frame

@@ -17,7 +17,7 @@ from broker.core import (
     ORIGINAL_QUEUE_HEADER,
 )
 from broker.effects import Delivery
-from broker.message import GROUP_ID_HEADER
+from broker.message import GROUP_ID_HEADER, Outgoing
 from broker.queue import QueueError
 
 # ---- ordering and stickiness ------------------------------------------------------------
@@ -262,7 +262,7 @@ def test_max_delivery_attempts_kills_the_message_after_n_releases() -> None:
 
 def test_broker_dead_letters_to_auto_created_dlq_with_original_headers() -> None:
     core = core_from('address-settings: {"#": {max-delivery-attempts: 2}}')
-    msg_id, fx = core.send("orders", b"x", {GROUP_ID_HEADER: "A"}, True, 0)
+    msg_id, fx = core.send(Outgoing("orders", b"x", {GROUP_ID_HEADER: "A"}, True), 0)
     assert fx.queues_created[0][:2] == ("orders", "orders")
     fx = core.subscribe("orders", "c1", "c1", 1, 1)
     (d,) = fx.deliveries
@@ -290,7 +290,7 @@ def test_broker_drops_dead_message_when_dead_letter_address_is_null() -> None:
     core = core_from(
         'address-settings: {"#": {max-delivery-attempts: 1, dead-letter-address: null}}'
     )
-    msg_id, _ = core.send("orders", b"x", {}, False, 0)
+    msg_id, _ = core.send(Outgoing("orders", b"x", {}, False), 0)
     (d,) = core.subscribe("orders", "c1", "c1", 1, 1).deliveries
     fx = core.release("orders", "c1", [d.delivery_id], 2)
     assert [m.msg_id for m in fx.dead] == [msg_id]
@@ -323,7 +323,7 @@ def test_reject_dead_letters_and_the_group_keeps_its_owner() -> None:
 
 def test_broker_reject_routes_to_dlq() -> None:
     core = core_from()
-    core.send("orders", b"x", {GROUP_ID_HEADER: "A"}, False, 0)
+    core.send(Outgoing("orders", b"x", {GROUP_ID_HEADER: "A"}, False), 0)
     (d,) = core.subscribe("orders", "c1", "c1", 5, 1).deliveries
     fx = core.reject("orders", "c1", [d.delivery_id], 2)
     assert [m.queue for m in fx.added] == ["DLQ"]

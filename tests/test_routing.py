@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from ports import reserve_port
 
 from broker.client import Client
-from broker.clock import now_ns
 from broker.config import NodeConfig
+from broker.message import Outgoing
 from cluster.routing import Router
 from cluster.topology import Instance, NodeState, Topology
 from pinmq.node import Node
@@ -207,7 +207,8 @@ async def test_cluster_node_routes_over_gossiped_instances(tmp_path: Path) -> No
         state_b = ca.topology.state("b")
         assert state_b is not None and set(state_b.instances) == {"orders"}
         # An SF queue is never advertised as a routing target.
-        a.engine.apply(ca.forward("b", "orders.q", "orders", b"x", {}, True, now_ns()))
+        with a.engine.unit() as unit:
+            unit.place(ca.forwarding("b", "orders.q", Outgoing("orders", b"x", {}, True)))
         ca.local_changed()
         await asyncio.sleep(0.2)
         assert all(not q.startswith("$") for q in ca.topology.state("a").instances)  # type: ignore[union-attr]

@@ -7,11 +7,13 @@ from typing import Any
 
 import pytest
 
-from broker.config import NodeConfig, parse_config
+from broker.config import NodeConfig
+from broker.config_file import parse_config
 from broker.core import BrokerCore
 from broker.effects import Effects
-from broker.engine import ConsumerStream
 from broker.sending import LocalSendPath
+from broker.streams import Outlets, ReceiptFor
+from broker.unit import Unit
 from pinmq.stomp.frames import Frame, FrameParser, encode_frame
 from pinmq.stomp.protocol import (
     CLOSE,
@@ -25,27 +27,36 @@ from pinmq.stomp.session import Session
 
 
 class StubNode:
-    """The engine's parts a session uses; `apply` pushes deliveries at once, or behind `gate`."""
+    """The engine as a session uses it, over a real core and real units; a commit pushes
+    deliveries at once, and a write with persistent messages is `gate` (None: done)."""
 
     def __init__(self) -> None:
         self.config = NodeConfig.model_validate({"node": {"id": "unit"}})
         self.core = BrokerCore(self.config)
-        self.streams: dict[str, ConsumerStream] = {}
+        self.outlets = Outlets(lambda: True)
         self.gate: asyncio.Future[None] | None = None
-        self.sending = LocalSendPath(self.core)
+        self.sending = LocalSendPath()
+        self.memory = self.core.budget.node
 
-    def consumers_changed(self, queue: str) -> None:
-        pass
+    def unit(self) -> Unit:
+        return Unit(self.core, self.outlets, self._apply, lambda queue: None, None)
+
+    def _apply(
+        self, fx: Effects, receipts: list[ReceiptFor], marks: object
+    ) -> asyncio.Future[None] | None:
+        self.outlets.push(fx.deliveries, receipts, [])
+        return self.gate if any(m.persistent for m in fx.added) else None
+
+    def exists(self, name: str) -> bool:
+        return self.core.exists(name)
 
     def admit(self, addresses: Any) -> None:
         """Room for every send: the budget is the engine's (tests/test_address_full.py)."""
 
-    def apply(self, fx: Effects, receipt: Any = None) -> asyncio.Future[None] | None:
-        for d in fx.deliveries:
-            stream = self.streams.get(d.consumer_id)
-            if stream is not None:
-                stream.outbound.put_nowait([d])
-        return self.gate if any(m.persistent for m in fx.added) else None
+    async def create_queue(
+        self, address: str, name: str, settings: Any, auto_created: bool = False
+    ) -> None:
+        self.core.create_queue(address, name, settings, auto_created)
 
 
 def drain(out: asyncio.Queue[Any]) -> list[Any]:
@@ -193,7 +204,7 @@ async def test_unsubscribe_drops_deliveries_still_queued(stub: StubNode) -> None
     await session.receive(encode_frame("UNSUBSCRIBE", {"id": "s"}))
     assert frames_of(session, drain(out)) == []  # the core took the message back
     assert stub.core.queue("q").depth == 1
-    assert stub.streams == {}
+    assert "stomp-1-1" not in stub.outlets
 
 
 async def test_close_discards_transactions_and_closes_consumers(stub: StubNode) -> None:
