@@ -220,7 +220,8 @@ def compare(args: argparse.Namespace) -> str:
         f"{args.pairs} pair(s), run base, new, new, base, ...; {time.strftime('%Y-%m-%d %H:%M')}; "
         f"{os.cpu_count()} CPUs, load average (1 min) {load0:.2f} before, {load1:.2f} after. "
         "↑ higher is better, ↓ lower; new/base is the ratio of the medians, the spread that of "
-        "the per-pair ratios.",
+        "the per-pair ratios. Noise alone puts every pair of a figure on one side of 1.0 "
+        f"(better or worse) with a chance of {2 / 2**args.pairs:.0%}.",
     ]
     return "\n\n".join(
         ["\n".join(head), *(table(b, r["base"], r["new"]) for b, r in results.items())]
