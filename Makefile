@@ -11,7 +11,7 @@ COMPOSE_PLUGIN := $(DOCKER_CONFIG)/cli-plugins/docker-compose
 export PINMQ_IMAGE ?= pinmq:latest
 
 .PHONY: up down up-docker down-docker up-local down-local image clean-data standalone test \
-	prerequisites lint proto bench sim clean
+	prerequisites lint proto bench bench-compare sim clean
 
 $(STAMP): pyproject.toml
 	@$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || \
@@ -85,6 +85,16 @@ bench: $(STAMP)
 	$(BIN)/python bench/core_dispatch.py
 	$(BIN)/python bench/group_memory.py
 	$(BIN)/python bench/end_to_end.py
+
+# A paired comparison with another commit (bench/compare.py --help): BASE's tree in a venv of its
+# own under .bench/, the benchmarks run alternately, a Markdown table of medians and ratios.
+# make bench-compare BASE=<commit> [BENCH="bench/a.py ARGS; bench/b.py"] [PAIRS=4] [OUT=file]
+PAIRS ?= 4
+bench-compare: $(STAMP)
+	@test -n '$(BASE)' || { echo 'make bench-compare: BASE=<commit> is required, e.g.' \
+		'make bench-compare BASE=main BENCH="bench/core_dispatch.py --quick" PAIRS=4' >&2; exit 2; }
+	$(BIN)/python bench/compare.py --base '$(BASE)' --pairs $(PAIRS) \
+		$(if $(BENCH),--bench '$(BENCH)') $(if $(OUT),--out '$(OUT)')
 
 # The failover simulation over more seeds than `make test` runs (10,000): SEEDS=N START=S.
 SEEDS ?= 100000

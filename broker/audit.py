@@ -10,58 +10,14 @@ loses at most the events not yet written; lines already written stay intact. A t
 is logged and counted in `dropped`, and never takes the node down; a line it cut short stays
 the last line of its segment, as writing goes on in a new one.
 
-Files: `<dir>/<writer>-<boot ns>-<k>.jsonl`, a new `k` once a segment reaches `segment_bytes`;
-`writer` is the node id (or the client's audit name) and `boot` the writer's start time, so a
-node restarted after a crash writes new files and readers can tell its runs apart.
-
-Schema (one object per line; a key whose value would be null is left out):
-
-| key | type | meaning |
-| --- | --- | --- |
-| `ts_ns` | int | wall clock (ns) when the event happened |
-| `node` | str | node id; for client events the `host:port` the client was connected to |
-| `epoch` | int | `routed` by a group's binding, `unbound`: the arbiter epoch of that binding |
-| `kind` | str | node: `sent` `routed` `delivered` `acked` `released` `rejected` `unbound` |
-| | | `moved`; |
-| | | client: `client_sent` `client_received` `client_acked` |
-| `msg_id` | int | the message id on that node (a forwarded message gets a new one) |
-| `address`, `queue` | str | where the message was sent / which queue held it |
-| `group`, `group_seq` | str, int | resolved group key and JMSXGroupSeq (0: none); |
-| | | `routed`: the group key whose binding chose the target (absent: ungrouped) |
-| `producer` | str | producer id of an auditing client (from `mid`) |
-| `consumer` | str | consumer id (as assigned by the node) |
-| `delivery_count` | int | `delivered` / `client_received`: this delivery's count (1 = first); |
-| | | `released` / `rejected` / `moved`: the deliveries the message had had |
-| `mid` | str | end-to-end id `<producer>/<n>` from the `pinmq-mid` header (extension) |
-| `n` | int | the writer's event sequence number, orders events with equal `ts_ns` (extension) |
-| `target` | str | `routed`: chosen `queue@node`; `unbound`: the binding's; `moved`: where |
-| | | the message went (extension) |
-| `new_proposal` | bool | `routed` with a group: this node proposed a route for the group and |
-| | | awaited the decision, as its cache or arbiter did not know it (extension) |
-| `decision_ns` | int | `routed` with a new proposal: time to get the decision (extension) |
-| `consumer_name` | str | client events: the consumer's name (extension) |
-| `reason` | str | `unbound`: `reaped` `unbound` `instance-deleted` `instance-absent` (extension) |
-
-Node events come from the core's `Effects`: `sent` (added), `delivered` (deliveries),
-`acked` (removed while a consumer held it, not dead), `released` (updated: released, or
-returned when its consumer went away), `rejected` (dead: rejected or out of delivery
-attempts). A message forwarded from another node is `sent` on the node that enqueues it.
-`routed` comes from the cluster send path (`AuditLog.routed`): one per message and target
-queue on a clustered address, grouped (`group`, `epoch`, `new_proposal`) or not; the
-message's `sent` follows, in the target queue or in the store-and-forward queue (`$sf.`)
-that carries it to `target`'s node, with the same `msg_id`. `unbound` (an extension) is
-written by the LOCAL node when a binding is removed (`group`, `queue`, `target`, `epoch`,
-`reason`): the group may then be bound again, elsewhere, within the same epoch. `moved` (an
-extension) is written by a node that held a group it found bound elsewhere (after a restart,
-or a removal of its binding) and sent the group's waiting messages on to `target`
-(`cluster/claims.py`); each arrives there as a new `sent` with the same `mid`.
+The contract (event kinds, fields and their types, file names) is defined once, in
+`broker/audit_schema.py`: lines are built by hand here for speed, of its key fragments.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import threading
 import time
 from collections import deque
@@ -69,7 +25,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from broker import audit_schema as schema
 from broker import logs
+from broker.audit_schema import MID_HEADER, Kind
 
 
 class Changes(Protocol):
@@ -91,20 +49,30 @@ class RoutingBinding(Protocol):
 
 log = logs.get("audit")
 
-MID_HEADER = "pinmq-mid"
 SEGMENT_BYTES = 64 * 1024 * 1024
 FLUSH_MS = 100
 BATCH_ENTRIES = 5_000  # wake the writer early once this many entries (or Effects' kinds) wait
 COMMON_CACHE = 200_000  # formatted message keys kept for the message's later events
-NODE_KINDS = ("sent", "routed", "delivered", "acked", "released", "rejected", "unbound", "moved")
-CLIENT_KINDS = ("client_sent", "client_received", "client_acked")
-KINDS = NODE_KINDS + CLIENT_KINDS
-SEGMENT_RE = re.compile(r"^(?P<writer>.+)-(?P<boot>\d+)-(?P<k>\d+)\.jsonl$")
 
 # Queue entries: (kind, ts_ns, items) for node events from one Effects (`effects` has the items
 # of each kind), ("routed", ts_ns, (fields of `routed`)), ("moved", ts_ns, (messages, target)),
-# (kind, ts_ns, {key: value}) for the rest (`record`).
-_SENT, _ROUTED, _DELIVERED, _ACKED, _RELEASED, _REJECTED, _, _MOVED = NODE_KINDS
+# (kind, ts_ns, {key: value}) for the rest (`record`). The writer tells kinds apart by identity.
+_SENT, _ROUTED, _DELIVERED = Kind.SENT.value, Kind.ROUTED.value, Kind.DELIVERED.value
+_ACKED, _RELEASED, _REJECTED = Kind.ACKED.value, Kind.RELEASED.value, Kind.REJECTED.value
+_MOVED = Kind.MOVED.value
+_KINDS = frozenset(Kind)
+# Key fragments (`,"name":`) of the schema's fields, which the lines are built of: a field
+# renamed there is renamed in every line written.
+_KEYS = {f.name: f.key for f in schema.FIELDS}
+_RECORDED = frozenset(_KEYS) - {schema.KIND.name, schema.N.name}  # what `record` may be given
+_START = "{" + schema.TS_NS.key[1:]  # a line starts with its `ts_ns`
+_NODE, _EPOCH, _KIND, _N = schema.NODE.key, schema.EPOCH.key, schema.KIND.key, schema.N.key
+_MSG_ID, _MID, _ADDRESS = schema.MSG_ID.key, schema.MID.key, schema.ADDRESS.key
+_QUEUE, _GROUP, _GROUP_SEQ = schema.QUEUE.key, schema.GROUP.key, schema.GROUP_SEQ.key
+_PRODUCER, _CONSUMER, _COUNT = schema.PRODUCER.key, schema.CONSUMER.key, schema.DELIVERY_COUNT.key
+_TARGET, _DECISION = schema.TARGET.key, schema.DECISION_NS.key
+_ROUTED_KIND = f'{_KIND}"{_ROUTED}"'
+_PROPOSALS = (f"{schema.NEW_PROPOSAL.key}false", f"{schema.NEW_PROPOSAL.key}true")
 _enc = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]
 STRINGS_CACHE = 10_000  # JSON forms of names (queues, consumers, groups) kept between batches
 
@@ -259,9 +227,14 @@ class AuditLog:
         if len(self._queue) >= BATCH_ENTRIES:
             self._wake.set()
 
-    def record(self, kind: str, **fields: Any) -> None:
-        """Any other event (client events): keys as in the schema; None values are left out.
-        `node` overrides the writer's (a client names the node it was connected to then)."""
+    def record(self, kind: Kind, **fields: Any) -> None:
+        """Any other event (client events, `unbound`): fields of the schema (ValueError for
+        others); None values are left out. `node` overrides the writer's (a client names the
+        node it was connected to then)."""
+        if kind not in _KINDS or not fields.keys() <= _RECORDED:
+            raise ValueError(
+                f"not in the audit schema: {kind!r} {sorted(fields.keys() - _RECORDED)}"
+            )
         if self.holding is not None and not self.holding():
             return
         self._queue.append((kind, fields.pop("ts_ns", None) or time.time_ns(), fields))
@@ -327,7 +300,7 @@ class AuditLog:
         cached = common.get
         keys = self._message_keys
         holder = self._holder
-        head = f',"node":{self._node_json},"kind":"'
+        head = f'{_NODE}{self._node_json}{_KIND}"'
         pop = q.popleft
         lines: list[str] = []
         add = lines.append
@@ -338,13 +311,13 @@ class AuditLog:
                 n += 1
                 add(self._other_line(kind, ts, items, n))
                 continue
-            pre = f'{{"ts_ns":{ts}{head}{kind}"'
+            pre = f'{_START}{ts}{head}{kind}"'
             if kind is _SENT:
                 for m in items:
                     mk = keys(m)
                     common[id(m)] = (m, mk)
                     n += 1
-                    add(f'{pre}{mk},"n":{n}}}\n')
+                    add(f"{pre}{mk}{_N}{n}}}\n")
             elif kind is _DELIVERED:
                 for m, consumer, delivery_count in items:
                     key = id(m)
@@ -356,18 +329,12 @@ class AuditLog:
                         mk = keys(m)
                         common[key] = (m, mk)
                     n += 1
-                    add(
-                        f'{pre}{mk},"consumer":{js[consumer]},'
-                        f'"delivery_count":{delivery_count},"n":{n}}}\n'
-                    )
+                    add(f"{pre}{mk}{_CONSUMER}{js[consumer]}{_COUNT}{delivery_count}{_N}{n}}}\n")
             elif kind is _MOVED:
                 msgs, target = items
                 for m in msgs:
                     n += 1
-                    add(
-                        f'{pre}{keys(m)},"target":{js[target]},'
-                        f'"delivery_count":{m.delivery_count},"n":{n}}}\n'
-                    )
+                    add(f"{pre}{keys(m)}{_TARGET}{js[target]}{_COUNT}{m.delivery_count}{_N}{n}}}\n")
             elif kind is _ACKED:
                 for m in items:
                     key = id(m)
@@ -377,16 +344,16 @@ class AuditLog:
                     c = common.pop(key, None)
                     mk = c[1] if c is not None and c[0] is m else keys(m)
                     n += 1
-                    add(f'{pre}{mk},"consumer":{js[consumer]},"n":{n}}}\n')
+                    add(f"{pre}{mk}{_CONSUMER}{js[consumer]}{_N}{n}}}\n")
             else:  # released or rejected
                 for m, delivery_count in items:
                     key = id(m)
                     consumer = holder.pop(key, None)
                     c = common.pop(key, None) if kind is _REJECTED else cached(key)
                     mk = c[1] if c is not None and c[0] is m else keys(m)
-                    who = "" if consumer is None else f',"consumer":{js[consumer]}'
+                    who = "" if consumer is None else f"{_CONSUMER}{js[consumer]}"
                     n += 1
-                    add(f'{pre}{mk}{who},"delivery_count":{delivery_count},"n":{n}}}\n')
+                    add(f"{pre}{mk}{who}{_COUNT}{delivery_count}{_N}{n}}}\n")
         self._n = n
         return lines
 
@@ -422,7 +389,7 @@ class AuditLog:
             raise
 
     def _open(self) -> None:
-        name = f"{self.writer}-{self.boot}-{self._segment}.jsonl"
+        name = schema.segment_name(self.writer, self.boot, self._segment)
         self._file = open(self.dir / name, "ab", buffering=0)  # noqa: SIM115 -- kept open
         self._size = self._file.seek(0, os.SEEK_END)
 
@@ -437,50 +404,50 @@ class AuditLog:
         if type(fields) is not dict:
             return self._routed_line(ts, fields, n)
         node = fields.pop("node", None)  # a failover client's node of the moment
-        head = f'{{"ts_ns":{ts},"node":{self._node_json if node is None else _enc(node)}'
+        head = f"{_START}{ts}{_NODE}{self._node_json if node is None else _enc(node)}"
         epoch = fields.pop("epoch", None)
         if epoch is not None:
-            head += f',"epoch":{int(epoch)}'
-        body = "".join(f",{_enc(k)}:{json.dumps(v)}" for k, v in fields.items() if v is not None)
-        return f'{head},"kind":{_enc(kind)}{body},"n":{n}}}\n'
+            head += f"{_EPOCH}{int(epoch)}"
+        body = "".join(f"{_KEYS[k]}{json.dumps(v)}" for k, v in fields.items() if v is not None)
+        return f"{head}{_KIND}{_enc(kind)}{body}{_N}{n}}}\n"
 
     def _routed_line(self, ts: int, fields: tuple[Any, ...], n: int) -> str:
         msg_id, address, headers, queue, node, binding, decision = fields
-        out = [f'{{"ts_ns":{ts},"node":{self._node_json}']
+        out = [f"{_START}{ts}{_NODE}{self._node_json}"]
         if binding is not None:
-            out.append(f',"epoch":{binding.epoch}')
-        out.append(',"kind":"routed"')
+            out.append(f"{_EPOCH}{binding.epoch}")
+        out.append(_ROUTED_KIND)
         if msg_id is not None:
-            out.append(f',"msg_id":{msg_id}')
+            out.append(f"{_MSG_ID}{msg_id}")
         mid = headers.get(MID_HEADER)
         if mid is not None:
-            out.append(f',"mid":{_enc(mid)}')
+            out.append(f"{_MID}{_enc(mid)}")
         js = self._json
-        out.append(f',"address":{js[address]},"queue":{js[queue]}')
+        out.append(f"{_ADDRESS}{js[address]}{_QUEUE}{js[queue]}")
         if binding is not None:
-            out.append(f',"group":{js[binding.group]}')
-        out.append(f',"target":{js[f"{queue}@{node}"]}')
+            out.append(f"{_GROUP}{js[binding.group]}")
+        out.append(f"{_TARGET}{js[f'{queue}@{node}']}")
         if binding is not None:
-            out.append(',"new_proposal":false' if decision is None else ',"new_proposal":true')
+            out.append(_PROPOSALS[decision is not None])
         if decision is not None:
-            out.append(f',"decision_ns":{decision}')
-        out.append(f',"n":{n}}}\n')
+            out.append(f"{_DECISION}{decision}")
+        out.append(f"{_N}{n}}}\n")
         return "".join(out)
 
     def _message_keys(self, m: Any) -> str:
         """A message's own keys (msg_id, address, queue, group, group_seq, mid, producer)."""
         js = self._json
-        out = f',"msg_id":{m.msg_id},"address":{js[m.address]},"queue":{js[m.queue]}'
+        out = f"{_MSG_ID}{m.msg_id}{_ADDRESS}{js[m.address]}{_QUEUE}{js[m.queue]}"
         if m.group is not None:
-            out += f',"group":{js[m.group]}'
+            out += f"{_GROUP}{js[m.group]}"
         if m.group_seq:
-            out += f',"group_seq":{m.group_seq}'
+            out += f"{_GROUP_SEQ}{m.group_seq}"
         mid = m.headers.get(MID_HEADER)
         if mid is not None:
-            out += f',"mid":{_enc(mid)}'
+            out += f"{_MID}{_enc(mid)}"
             producer = mid.rpartition("/")[0]
             if producer:
-                out += f',"producer":{js[producer]}'
+                out += f"{_PRODUCER}{js[producer]}"
         return out
 
 

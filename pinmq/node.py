@@ -18,6 +18,7 @@ from grpc import aio
 from grpc_health.v1 import health, health_pb2
 
 from broker import logs
+from broker.audit_schema import Kind
 from broker.config import NodeConfig
 from broker.core import CoreError
 from broker.engine import Engine, StartupError
@@ -260,7 +261,7 @@ class Node:
         """The LOCAL node's record of a removed binding: the checker then accepts a new one."""
         assert self.engine.audit is not None
         self.engine.audit.record(
-            "unbound",
+            Kind.UNBOUND,
             epoch=binding.epoch,
             group=binding.group,
             queue=binding.queue,

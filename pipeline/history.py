@@ -1,8 +1,9 @@
 """Reading an audit history (the JSONL segments of broker/audit.py) into one Spark DataFrame.
 
 Every `*.jsonl` file under the directory is parsed once by Spark's JSON reader with an explicit
-schema (`SCHEMA`) and kept (memory, spilling to disk) for the checks; one aggregation over that
-cache then gives every count the checker reports about its input:
+schema (`schema()`: the audit log's own, `broker/audit_schema.py`, one column per field) and
+kept (memory, spilling to disk) for the checks; one aggregation over that cache then gives every
+count the checker reports about its input:
 - malformed lines (not JSON, not an object, or without `ts_ns`, `node` or `kind`) are counted
   and left out, except a torn last line of a file (no final newline: the writer died in the
   middle of it), which is tolerated and counted separately;
@@ -33,34 +34,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from broker.audit import CLIENT_KINDS, KINDS, SEGMENT_RE
+from broker.audit_schema import CLIENT_KINDS, FIELDS, KINDS, SEGMENT_RE
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
-REQUIRED = ("ts_ns", "node", "kind")
-FIELDS: list[tuple[str, str]] = [
-    ("ts_ns", "long"),
-    ("node", "string"),
-    ("epoch", "long"),
-    ("kind", "string"),
-    ("msg_id", "long"),
-    ("mid", "string"),
-    ("address", "string"),
-    ("queue", "string"),
-    ("group", "string"),
-    ("group_seq", "long"),
-    ("producer", "string"),
-    ("consumer", "string"),
-    ("delivery_count", "long"),
-    ("n", "long"),
-    ("target", "string"),
-    ("new_proposal", "boolean"),
-    ("decision_ns", "long"),
-    ("consumer_name", "string"),
-    ("reason", "string"),
-]
-KNOWN_KEYS = frozenset(name for name, _ in FIELDS)
+REQUIRED = tuple(f.name for f in FIELDS if f.required)
+COLUMNS = tuple(f.name for f in FIELDS)
+KNOWN_KEYS = frozenset(COLUMNS)
 EXAMPLES = 5
 FILES_PER_KEY = 3  # files named per unknown key
 
@@ -70,10 +51,11 @@ class HistoryError(Exception):
 
 
 def schema() -> Any:
+    """The events' Spark schema: one column per field of the audit schema, in its order."""
     from pyspark.sql import types as T
 
-    types = {"long": T.LongType(), "string": T.StringType(), "boolean": T.BooleanType()}
-    return T.StructType([T.StructField(name, types[kind]) for name, kind in FIELDS])
+    types = {int: T.LongType(), str: T.StringType(), bool: T.BooleanType()}
+    return T.StructType([T.StructField(f.name, types[f.type]) for f in FIELDS])
 
 
 @dataclass
@@ -180,15 +162,15 @@ def width() -> Column:
     from pyspark.sql import functions as F
 
     total = F.lit(1)  # the braces, less the comma the first field does not need
-    for name, kind in FIELDS:
-        col = F.col(name)
-        if kind == "string":
+    for f in FIELDS:
+        col = F.col(f.name)
+        if f.type is str:
             value = F.octet_length(col) + 2
-        elif kind == "long":
+        elif f.type is int:
             value = F.octet_length(col.cast("string"))
         else:
             value = F.when(col, 4).when(~col, 5)
-        total = total + F.coalesce(value + (len(name) + 4), F.lit(0))  # ,"name":
+        total = total + F.coalesce(value + len(f.key), F.lit(0))  # ,"name":
     return total
 
 
@@ -249,14 +231,12 @@ def load(spark: SparkSession, directory: str | Path) -> History:
         bad = bad | F.col(name).isNull()
     key = F.coalesce(F.col("mid"), F.concat_ws(":", "node", F.col("msg_id").cast("string")))
     table = raw.select(
-        *[name for name, _ in FIELDS if name != "mid"],
+        *[name for name in COLUMNS if name != "mid"],
         key.alias("key"),
         "boot",
         "file",
         bad.alias("bad"),
-        F.when(bad, F.coalesce("_corrupt", F.to_json(F.struct(*[n for n, _ in FIELDS])))).alias(
-            "raw"
-        ),
+        F.when(bad, F.coalesce("_corrupt", F.to_json(F.struct(*COLUMNS)))).alias("raw"),
         width().alias("width"),
     ).persist(StorageLevel.MEMORY_AND_DISK)
 
@@ -324,7 +304,7 @@ def load(spark: SparkSession, directory: str | Path) -> History:
             f"({history.malformed} malformed line(s), {history.torn} torn)"
         )
     history.events = table.filter(~F.col("bad") & F.col("kind").isin(*KINDS)).select(
-        *[name for name, _ in FIELDS if name != "mid"],
+        *[name for name in COLUMNS if name != "mid"],
         "key",
         "boot",
         F.when(F.col("kind").isin(*CLIENT_KINDS), "client").otherwise("node").alias("source"),

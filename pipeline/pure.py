@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from broker.audit import KINDS
+from broker.audit_schema import KINDS, SEGMENT_RE
 
-_BOOT = re.compile(r"-(\d+)-\d+\.jsonl$")
 SETTLE = ("acked", "rejected")
 CONSUMPTION = ("delivered", "acked", "released", "rejected")
 CLIENT_AS_NODE = {"client_received": "delivered", "client_acked": "acked"}
@@ -33,8 +31,8 @@ def check(directory: str | Path) -> dict[str, int]:
     routes: dict[tuple[Any, ...], list[tuple[int, int, bool, Any]]] = defaultdict(list)
     run_end: dict[tuple[str, int], int] = {}
     for path in files:
-        m = _BOOT.search(path.name)
-        boot = int(m[1]) if m else 0
+        m = SEGMENT_RE.match(path.name)
+        boot = int(m["boot"]) if m else 0
         with path.open("rb") as f:
             for raw in f:
                 try:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import re
 import signal
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from audit_kinds import DECLARED, write_every_kind
 from conftest import NodeProcess, cli, unique
 from engine_harness import RecordingEngine, send
 from structlog.testing import capture_logs
@@ -18,6 +20,7 @@ from test_cluster_send import ME, Node, ScriptedHandler, bind, msg, peers
 
 from broker import audit as audit_module
 from broker.audit import MID_HEADER, AuditLog, node_audit, read_events, segments
+from broker.audit_schema import FIELDS, Kind
 from broker.client import Client
 from broker.config import NodeConfig, QueueConfig
 from broker.config_file import ConfigError, parse_config
@@ -27,6 +30,7 @@ from broker.message import Outgoing
 from cluster.node import ClusterNode
 from cluster.sending import ClusteredSendPath
 from handler.api import Binding
+from pipeline import history
 
 AUDIT = {"audit": {"enabled": True, "flush-ms": 20}}
 
@@ -55,6 +59,48 @@ def test_the_audit_section_defaults_off_and_takes_sizes_with_units() -> None:
     assert config.audit.segment_bytes == 2048
     with pytest.raises(ConfigError, match=r"audit\.segment-bytes: got '2 parsecs'"):
         parse_config("node: {id: a}\naudit: {segment-bytes: 2 parsecs}", "x")
+
+
+# ---- the schema ---------------------------------------------------------------------------
+
+
+async def test_every_kind_is_written_with_the_fields_and_types_the_schema_declares(
+    url: str, tmp_path: Path
+) -> None:
+    await write_every_kind(tmp_path, url)
+    fields = {f.name: f for f in FIELDS}
+    written = set()
+    for event in events_in(tmp_path):
+        kind = Kind(event["kind"])
+        assert {f.name for f in FIELDS if f.required} <= event.keys()
+        for key, value in event.items():
+            assert kind in fields[key].kinds and type(value) is fields[key].type, (kind, key)
+            written.add((kind, key))
+    assert written == DECLARED  # every kind, with every field it may carry
+
+
+def test_the_checker_reads_every_field_of_the_schema_with_its_type() -> None:
+    from pyspark.sql import types as T
+
+    spark = {int: T.LongType(), str: T.StringType(), bool: T.BooleanType()}
+    expected = [(f.name, spark[f.type]) for f in FIELDS]
+    assert [(c.name, c.dataType) for c in history.schema()] == expected
+    assert {f.name for f in FIELDS} == history.KNOWN_KEYS
+    assert history.REQUIRED == ("ts_ns", "node", "kind")  # what a line must have, as ever
+
+
+def test_the_field_table_in_the_docs_is_the_schema() -> None:
+    doc = (Path(__file__).parents[1] / "docs" / "pipeline.md").read_text()
+    table = re.findall(r"^\| `(\w+)` \| (\w+) \|", doc, re.MULTILINE)
+    assert sorted(table) == sorted((f.name, f.type.__name__) for f in FIELDS)
+
+
+def test_record_takes_only_the_schema_s_kinds_and_fields(tmp_path: Path) -> None:
+    log = AuditLog(tmp_path, "c")
+    with pytest.raises(ValueError, match=r"not in the audit schema: 'client_snt'"):
+        log.record("client_snt", msg_id=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"\['consumer_label'\]"):
+        log.record(Kind.CLIENT_ACKED, msg_id=1, consumer_label="w")
 
 
 # ---- the writer ---------------------------------------------------------------------------

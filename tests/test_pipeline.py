@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from audit_kinds import read_back_differences, write_every_kind
 from cluster_nodes import ClusterNodes, grouping
 from conftest import unique
 
+from broker.audit_schema import Kind
 from broker.client import Client
 from pipeline import job, pure
 from pipeline.cli import run_check
@@ -383,7 +385,22 @@ def test_the_report_of_a_clean_history(spark: Any, tmp_path: Path) -> None:
     assert json.loads((report / "summary.json").read_text())["verdict"] == "clean"
 
 
-# ---- a real three-node cluster ----------------------------------------------------------------
+# ---- the real writers ---------------------------------------------------------------------
+
+
+async def test_every_kind_reads_back_as_the_writers_wrote_it(
+    spark: Any, url: str, tmp_path: Path
+) -> None:
+    """Every field of every kind, from a node's and a client's writer: same value, schema type."""
+    await write_every_kind(tmp_path, url)
+    history = load(spark, tmp_path)
+    try:
+        assert read_back_differences(history.events.collect(), tmp_path) == []
+        assert set(history.kinds) == set(Kind) and not history.unknown_kinds
+        # compact JSON of known keys only: every file adds up, none is read twice
+        assert (history.malformed, history.rechecked, history.unknown_keys) == (0, 0, {})
+    finally:
+        history.table.unpersist()
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from typing import Any, Self
 import grpc
 from grpc import aio
 
-from broker.audit import MID_HEADER
+from broker.audit_schema import MID_HEADER, Kind
 from broker.client.base import CONNECT_TIMEOUT_S, Link, SettleKind
 from broker.client.errors import ConnectionLost, OutcomeUnknown, PinmqError, from_rpc
 from pinmq_pb import client_pb2 as pb
@@ -331,7 +331,7 @@ class Consumer:
         except (grpc.RpcError, asyncio.InvalidStateError):
             pass  # the stream ended (InvalidStateError: before this write); the reader says why
 
-    def _audit(self, kind: str, m: Received, **extra: Any) -> None:
+    def _audit(self, kind: Kind, m: Received, **extra: Any) -> None:
         audit = self._client.audit
         assert audit is not None
         mid = m.headers.get(MID_HEADER)
@@ -353,12 +353,12 @@ class Consumer:
     def _audit_acked(self, messages: Iterable[Received]) -> None:
         if self._client.audit is not None:
             for m in messages:
-                self._audit("client_acked", m)
+                self._audit(Kind.CLIENT_ACKED, m)
 
     def _received(self, d: pb.Delivery) -> Received:
         if self._client.audit is not None:
             received = self._received_plain(d)
-            self._audit("client_received", received, delivery_count=received.delivery_count)
+            self._audit(Kind.CLIENT_RECEIVED, received, delivery_count=received.delivery_count)
             return received
         return self._received_plain(d)
 

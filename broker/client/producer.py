@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from broker.audit import MID_HEADER
+from broker.audit_schema import MID_HEADER, Kind
 from broker.client.base import BATCH_BYTES, Body, Item, Link
 from broker.client.errors import OutcomeUnknown, PinmqError, error_for, from_rpc
 from broker.message import DUPLICATE_ID_HEADER, GROUP_SEQ_HEADER
@@ -227,7 +227,7 @@ class Producer:
         for m, msg_id in zip(messages, ids, strict=False):
             seq = m.headers.get(GROUP_SEQ_HEADER)
             audit.record(
-                "client_sent",
+                Kind.CLIENT_SENT,
                 node=node,
                 msg_id=msg_id,
                 mid=m.headers.get(MID_HEADER),
