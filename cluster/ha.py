@@ -27,23 +27,19 @@ from grpc import aio
 from broker import channels, sqlite_file
 from broker.config import NodeConfig
 from broker.engine import NotServing
-from cluster.failover import (
-    Ballot,
-    Durable,
+from cluster.failover import Durable, Member
+from cluster.failover_messages import (
     Handover,
     Heartbeat,
     HeartbeatReply,
-    Member,
     Message,
     Record,
-    Role,
     Send,
-    Timing,
-    Voter,
     VoteReply,
     VoteRequest,
-    quorum,
 )
+from cluster.failover_states import Role
+from cluster.failover_voting import Ballot, Timing, Voter, quorum
 from cluster.ha_wire import from_pb, to_pb
 from pinmq_pb import cluster_pb2 as pb
 from pinmq_pb import cluster_pb2_grpc as pb_grpc

@@ -22,7 +22,7 @@ from broker import logs
 from broker.config import NodeConfig
 from broker.engine import StartupError
 from broker.readiness import Readiness
-from cluster.failover import Role
+from cluster.failover_states import Role
 from cluster.ha import PairShell, PassiveService
 from cluster.replica import Follower, recover
 from pinmq.http import HttpServer

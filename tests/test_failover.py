@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.failover import Ballot, Heartbeat, Member, Role, Timing, Voter, VoteRequest, quorum
+from cluster.failover import Member
+from cluster.failover_messages import Heartbeat, Record, VoteReply, VoteRequest
+from cluster.failover_states import TRANSITIONS, BadTransition, Event, Role, next_role
+from cluster.failover_voting import Ballot, Timing, Voter, quorum
 from tests.failover_sim import BACKUP, PRIMARY, Sim, Violation
 
 SEEDS = 10_000
@@ -35,6 +38,48 @@ def test_a_quorum_is_more_than_half_of_the_others() -> None:
     for k in range(1, 8):
         assert 2 * quorum(k) > k + 1
     assert quorum(2) == 2
+
+
+def test_every_role_has_its_transitions_and_an_unlisted_one_is_an_error() -> None:
+    assert set(TRANSITIONS) == set(Role)
+    reached = {Role.PASSIVE} | {to for row in TRANSITIONS.values() for to in row.values()}
+    assert reached == set(Role)  # every role is reachable from a start
+    assert next_role(Role.CANDIDATE, Event.ELECTED) is Role.ACTIVE
+    with pytest.raises(BadTransition, match="ELECTED in PASSIVE"):
+        next_role(Role.PASSIVE, Event.ELECTED)
+
+
+def test_a_backup_asks_before_it_stands_and_follows_while_it_asks() -> None:
+    sim = started()
+    backup = member(sim, BACKUP)
+    sim.crash(PRIMARY)
+    while backup.role is Role.PASSIVE:
+        sim.step()
+    # Pre-candidate: it asked whether a quorum would vote, and spent no epoch on asking.
+    assert backup.role is Role.PRE_CANDIDATE and backup.role.follows
+    assert backup.epoch == 1 and backup.in_sync
+    sim.run(until=sim.now + 300)
+    assert sim.serving() == [BACKUP] and backup.epoch == 2
+
+
+def test_a_candidacy_that_gets_no_quorum_in_time_says_why() -> None:
+    timing = Timing(heartbeat_interval=20, failure_timeout=100)
+    primary = Member(PRIMARY, "", ["node2", "node3"], timing, now=0, primary=True)
+    asked = primary.tick(0)  # a fresh primary asks at once
+    assert {s.to for s in asked} == {"", "node2", "node3"} and primary.role is Role.PRE_CANDIDATE
+    for voter in ("node2", "node3"):
+        reply = VoteReply(voter, 1, True, 0, Record(), pre=True)
+        stood = primary.receive(reply, now=5)
+    assert primary.role is Role.CANDIDATE and {s.message.epoch for s in stood} == {1}
+    primary.receive(VoteReply("node2", 1, True, 1, Record()), now=10)
+    primary.tick(104)
+    assert primary.role is Role.CANDIDATE
+    primary.tick(105)
+    assert primary.role is Role.PASSIVE and primary.defeat == (
+        1,
+        "1 of the 2 votes needed (refused by none, no answer from ['node3'])"
+        " within failure-timeout (100 ms)",
+    )
 
 
 def test_a_voter_gives_one_vote_per_epoch_and_none_while_it_promised_the_active() -> None:
