@@ -118,6 +118,9 @@ class Member(Voter):
         self._refused: set[str] = set()
         # Why its last candidacy failed (epoch, reason): a repeated election says why.
         self.defeat: tuple[int, str] | None = None
+        # The active it followed until it heard none, and stood against: a takeover (None
+        # after a start, or when it was handed the node).
+        self.took_over: str | None = None
 
     # ---- what the shell asks
 
@@ -232,6 +235,8 @@ class Member(Voter):
     def _stand(self, event: Event, now: int) -> list[Send]:
         """A candidacy at a new epoch, after a pre-vote or a handover."""
         self._to(event, now)
+        silent = event is Event.PRE_VOTED and self.active != self.name
+        self.took_over = self.active if silent else None
         self.active = None
         self.ballot.voted = self.epoch + 1
         self.changed = True

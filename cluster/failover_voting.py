@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from cluster.failover_messages import (
     Heartbeat,
     HeartbeatReply,
+    Message,
     Record,
     VoteReply,
     VoteRequest,
@@ -33,6 +34,25 @@ class Timing:
         """How long the active counts on a promise after sending the heartbeat it answered:
         a little less than a voter keeps it, for clocks whose rates differ slightly."""
         return self.failure_timeout - self.failure_timeout // 20
+
+    def answer_within(self, message: Message) -> int:
+        """How long an answer to `message` can still count, so how long a shell waits for it:
+        a vote as long as the (pre-)candidacy lasts, a heartbeat's promise until it expires.
+        A voter persists its vote before it answers; a shell that gave up sooner would lose
+        a vote granted by a voter whose disk is slow, and the election would be repeated."""
+        match message:
+            case VoteRequest():
+                return self.failure_timeout
+            case Heartbeat():
+                return self.promise
+        return 2 * self.heartbeat_interval
+
+    @property
+    def election(self) -> int:
+        """How long a pair may be without an active when nothing is wrong (a start, a failover):
+        the last promise runs out, the member waits out its patience, asks for pre-votes and
+        for votes; twice, as one round may be wasted (voters not up yet, a duel of rivals)."""
+        return 2 * (4 * self.failure_timeout + self.heartbeat_interval)
 
 
 @dataclass

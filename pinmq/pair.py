@@ -128,7 +128,16 @@ class PairProcess:
             return
         self.node = node
         node.failed.add_done_callback(lambda _: self._changed())
-        log.warning("serving as the active process", logical=logical, epoch=self.shell.epoch)
+        epoch, replaced = self.shell.epoch, self.shell.member.took_over
+        if replaced is None:  # a start, or a handover
+            log.info("serving as the active process", logical=logical, epoch=epoch)
+        else:  # it followed an active that fell silent
+            log.warning(
+                "took over: serving as the active process",
+                logical=logical,
+                epoch=epoch,
+                replaced=replaced,
+            )
 
     async def _go_passive(self) -> None:
         node, self.node = self.node, None
@@ -166,6 +175,7 @@ class PairProcess:
             address,
             self.data_dir,
             retry_s=self.config.cluster.reconnect_interval / 1000,  # type: ignore[union-attr]
+            warn_after_s=self.shell.grace_s,
             cluster_address=self.config.pair_address,
             on_synced=self.shell.replica_synced,
             on_broken=self.shell.replica_broke,

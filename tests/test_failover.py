@@ -8,12 +8,22 @@ simulated milliseconds (heartbeat 20, failure-timeout 100), not wall-clock time.
 
 from __future__ import annotations
 
-import pytest
+import asyncio
+from pathlib import Path
 
+import pytest
+import yaml
+from grpc import aio
+from ports import reserve_port
+
+from broker.config import parse_config
 from cluster.failover import Member
 from cluster.failover_messages import Heartbeat, Record, VoteReply, VoteRequest
 from cluster.failover_states import TRANSITIONS, BadTransition, Event, Role, next_role
 from cluster.failover_voting import Ballot, Timing, Voter, quorum
+from cluster.ha import PairShell, VoterRegistry
+from pinmq_pb import cluster_pb2 as pb
+from pinmq_pb import cluster_pb2_grpc as pb_grpc
 from tests.failover_sim import BACKUP, PRIMARY, Sim, Violation
 
 SEEDS = 10_000
@@ -241,3 +251,66 @@ def test_ten_thousand_random_seeds_keep_node1_single_and_lose_no_binding() -> No
     assert activations > 1.3 * SEEDS  # the faults did force failovers
     # After the calm stretch at the end, node1 is served again in (almost) every run.
     assert unsettled < SEEDS // 200, f"{unsettled} runs end with nobody serving node1"
+
+
+# ---- the shell (cluster/ha.py): real gRPC, the voters' answers slowed down
+
+
+class _SlowVoter(pb_grpc.ClusterServicer):
+    """A cluster member's Failover service whose answer to a vote comes `delay_s` late, as when
+    its disk is slow to persist the vote (a voter's event loop waits for that fsync)."""
+
+    def __init__(self, data_dir: Path, delay_s: float) -> None:
+        self.registry = VoterRegistry(data_dir)
+        self.delay_s = delay_s
+
+    async def Failover(
+        self, request: pb.FailoverEnvelope, context: aio.ServicerContext
+    ) -> pb.FailoverReplies:
+        replies = self.registry.receive(request)
+        if request.WhichOneof("message") == "vote_request" and not request.vote_request.pre:
+            await asyncio.sleep(self.delay_s)
+        return pb.FailoverReplies(replies=replies)
+
+
+async def test_a_fresh_primary_is_elected_at_epoch_1_by_voters_slow_to_persist_their_vote(
+    tmp_path: Path,
+) -> None:
+    """Voters that take 0.6 s to answer a vote (two heartbeat intervals and more: a busy disk
+    under a starting compose cluster) still elect a fresh primary at epoch 1. The shell used to
+    give up on an answer after two heartbeat intervals: the vote, granted and persisted, was
+    lost, the candidacy timed out and every election was repeated at the next epoch."""
+    servers, addresses = [], []
+    for name in ("node2", "node3"):
+        (tmp_path / name).mkdir()
+        server = aio.server()
+        pb_grpc.add_ClusterServicer_to_server(_SlowVoter(tmp_path / name, 0.6), server)
+        address = f"127.0.0.1:{reserve_port()}"
+        server.add_insecure_port(address)
+        await server.start()
+        servers.append(server)
+        addresses.append(address)
+    config = parse_config(
+        yaml.safe_dump(
+            {
+                "node": {"id": PRIMARY, "data-dir": str(tmp_path / PRIMARY)},
+                "listen": {"cluster": f"127.0.0.1:{reserve_port()}"},
+                "cluster": {"connectors": addresses},
+                "grouping-handler": {"type": "LOCAL"},
+                "ha": {"role": "primary", "heartbeat-interval": 200, "failure-timeout": 1000},
+            }
+        ),
+        "node1.yaml",
+    )
+    (tmp_path / PRIMARY).mkdir()
+    elected = asyncio.Event()
+    shell = PairShell(config, lambda: elected.set() if shell.may_serve() else None)
+    shell.start()
+    try:
+        await asyncio.wait_for(elected.wait(), timeout=30)
+        assert shell.member.defeat is None
+        assert shell.epoch == 1
+    finally:
+        await shell.stop()
+        for server in servers:
+            await server.stop(None)
