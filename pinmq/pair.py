@@ -74,6 +74,7 @@ class PairProcess:
                 self.node = None
             await self._stop_following()
             await self._stop_passive()
+        log.info("pair member stopped", **self.shell.describe())
 
     # ---- switching between active and passive
 

@@ -6,7 +6,6 @@ pair elects or a peer stops are logged at info; the pair is elected once, at epo
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +13,11 @@ import pytest
 import yaml
 from conftest import cli, get
 from ha_nodes import wait
+from log_levels import loud, stopped
 from ports import reserve_port
 
 REPO = Path(__file__).resolve().parent.parent
 NODES = ("node1", "node1-backup", "node2", "node3")
-# grpc's C core writes its own lines (`I1125 14:48:43.474836 ... Got goaway`): info is fine.
-GRPC_LINE = re.compile(r"^([IWEF])\d{4} ")
 
 pytestmark = pytest.mark.slow
 
@@ -56,25 +54,6 @@ def pair_as_heard(config: dict[str, Any]) -> dict[str, Any] | None:
     return pairs[0] if pairs else None
 
 
-def loud(log: Path) -> list[str]:
-    """The lines at warning or above, and any line that is not a log record."""
-    found = []
-    for line in log.read_text(errors="replace").splitlines():
-        grpc_line = GRPC_LINE.match(line)
-        if grpc_line:
-            if grpc_line.group(1) != "I":
-                found.append(line)
-            continue
-        try:
-            level = json.loads(line)["level"]
-        except (ValueError, KeyError, TypeError):
-            found.append(line)
-            continue
-        if level not in ("debug", "info"):
-            found.append(line)
-    return found
-
-
 def test_make_up_local_and_down_log_nothing_at_warning_or_above(tmp_path: Path) -> None:
     configs = deploy_configs(tmp_path)
     run = tmp_path / "run"
@@ -93,8 +72,8 @@ def test_make_up_local_and_down_log_nothing_at_warning_or_above(tmp_path: Path) 
         # The backup serves no clients: the others say what they know.
         pairs = [pair_as_heard(configs[name][1]) for name in ("node1", "node2", "node3")]
     finally:
-        stopped = cli("down", "--run-dir", str(run))
-    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        down = cli("down", "--run-dir", str(run))
+    assert down.returncode == 0, down.stdout + down.stderr
     for pair in pairs:
         assert pair is not None
         assert (pair["active"], pair["epoch"], pair["backup"], pair["backup_in_sync"]) == (
@@ -103,5 +82,7 @@ def test_make_up_local_and_down_log_nothing_at_warning_or_above(tmp_path: Path) 
             "node1-backup",
             True,
         )
-    loud_lines = {name: found for name in NODES if (found := loud(run / f"{name}.log"))}
+    logs = {name: (run / f"{name}.log").read_text(errors="replace") for name in NODES}
+    assert all(stopped(log) for log in logs.values()), {n: log[-2000:] for n, log in logs.items()}
+    loud_lines = {name: found for name, log in logs.items() if (found := loud(log.splitlines()))}
     assert not loud_lines, json.dumps(loud_lines, indent=1)

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 from compose_nodes import REPO, SERVICES, ComposeCluster, build_image, compose_env
 from ha_load import QUEUE, HaLoad
+from log_levels import loud, stopped
 from ports import reserve_port
 
 from broker.client import Client
@@ -277,13 +278,31 @@ def project_objects(kind: str, project: str) -> list[str]:
     return subprocess.run(listing, check=True, capture_output=True, text=True).stdout.split()
 
 
+def following_logs(tmp_path: Path, env: dict[str, str]) -> dict[str, subprocess.Popen[bytes]]:
+    """`docker compose logs -f` of each service into tmp_path/<service>.log, from its start
+    until its container stops."""
+    followers = {}
+    for name in SERVICES:
+        with open(tmp_path / f"{name}.log", "wb") as out:
+            followers[name] = subprocess.Popen(
+                ["docker", "compose", "logs", "--no-color", "--no-log-prefix", "-f", name],
+                cwd=REPO,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+    return followers
+
+
 def test_make_up_prints_working_endpoints_and_make_down_keeps_the_data(
     tmp_path: Path, image: str
 ) -> None:
     """The README's main command with a Docker engine (`make up` runs `make up-docker`): the
     cluster healthy, its status, each node's endpoints as published and a try line that works;
     `make down` removes the containers and keeps the volumes, so a second `make up` still has
-    what was sent. Under a project and host ports of its own (PINMQ_<NODE>_<KIND>_PORT)."""
+    what was sent. Under a project and host ports of its own (PINMQ_<NODE>_<KIND>_PORT). The
+    fresh cluster is elected at epoch 1, and no node logs anything at warning or above from
+    its start until `make down` stopped it."""
     env = {**os.environ, **compose_env(tmp_path, image)}
     ports = {name: {kind: reserve_port() for kind in KINDS} for name in SERVICES}
     for name, kinds in ports.items():
@@ -292,7 +311,7 @@ def test_make_up_prints_working_endpoints_and_make_down_keeps_the_data(
     project = env["COMPOSE_PROJECT_NAME"]
     try:
         out = make("up-docker", env)
-        assert "backup node1-backup in sync" in out, out
+        assert "active process node1, epoch 1, backup node1-backup in sync" in out, out
         for name, kinds in ports.items():
             shown = " ".join(f"{kind} 127.0.0.1:{port}" for kind, port in kinds.items())
             assert any(
@@ -314,7 +333,16 @@ def test_make_up_prints_working_endpoints_and_make_down_keeps_the_data(
         ]
         node2 = f"127.0.0.1:{ports['node2']['client']}"
         shell(f"pinmq send orders --url {node2} --group kept --count 3 --body kept", env)
+        followers = following_logs(tmp_path, env)
         make("down-docker", env)
+        for follower in followers.values():
+            follower.wait(timeout=60)
+        logs = {name: (tmp_path / f"{name}.log").read_text(errors="replace") for name in SERVICES}
+        assert all(stopped(log) for log in logs.values()), {
+            n: log[-2000:] for n, log in logs.items()
+        }
+        loud_lines = {n: found for n, log in logs.items() if (found := loud(log.splitlines()))}
+        assert not loud_lines, json.dumps(loud_lines, indent=1)
         assert project_objects("container", project) == []
         assert len(project_objects("volume", project)) == len(SERVICES)
         make("up-docker", env)
