@@ -30,9 +30,9 @@ def loud(lines: Iterable[str]) -> list[str]:
     return found
 
 
-def stopped(log: str) -> bool:
+def stopped(lines: list[str]) -> bool:
     """Whether a node's log ends with its clean stop (a plain node's, or a pair member's)."""
-    records = [line for line in log.splitlines() if line.startswith("{")]
+    records = [line for line in lines if line.startswith("{")]
     return bool(records) and json.loads(records[-1])["event"] in STOPPED
 
 

@@ -82,7 +82,7 @@ def test_make_up_local_and_down_log_nothing_at_warning_or_above(tmp_path: Path) 
             "node1-backup",
             True,
         )
-    logs = {name: (run / f"{name}.log").read_text(errors="replace") for name in NODES}
-    assert all(stopped(log) for log in logs.values()), {n: log[-2000:] for n, log in logs.items()}
-    loud_lines = {name: found for name, log in logs.items() if (found := loud(log.splitlines()))}
+    logs = {n: (run / f"{n}.log").read_text(errors="replace").splitlines() for n in NODES}
+    assert all(stopped(lines) for lines in logs.values()), {n: x[-5:] for n, x in logs.items()}
+    loud_lines = {n: found for n, lines in logs.items() if (found := loud(lines))}
     assert not loud_lines, json.dumps(loud_lines, indent=1)

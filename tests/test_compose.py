@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import AsyncIterator, Coroutine
@@ -278,6 +279,10 @@ def project_objects(kind: str, project: str) -> list[str]:
     return subprocess.run(listing, check=True, capture_output=True, text=True).stdout.split()
 
 
+# What `docker compose logs -f` adds once a followed container stops.
+EXITED = re.compile(r"(?:\x1b\[K)?(\S+) exited with code (\d+)")
+
+
 def following_logs(tmp_path: Path, env: dict[str, str]) -> dict[str, subprocess.Popen[bytes]]:
     """`docker compose logs -f` of each service into tmp_path/<service>.log, from its start
     until its container stops."""
@@ -292,6 +297,21 @@ def following_logs(tmp_path: Path, env: dict[str, str]) -> dict[str, subprocess.
                 stderr=subprocess.STDOUT,
             )
     return followers
+
+
+def followed_to_the_end(
+    tmp_path: Path, followers: dict[str, subprocess.Popen[bytes]]
+) -> dict[str, list[str]]:
+    """Each service's log lines, once its container stopped with exit code 0 (the line that
+    `logs -f` adds then is checked and left out)."""
+    logs = {}
+    for name, follower in followers.items():
+        follower.wait(timeout=60)
+        lines = (tmp_path / f"{name}.log").read_text(errors="replace").splitlines()
+        exits = [m.groups() for line in lines if (m := EXITED.fullmatch(line))]
+        assert exits == [(f"{name}-1", "0")], lines[-5:]
+        logs[name] = [line for line in lines if line and not EXITED.fullmatch(line)]
+    return logs
 
 
 def test_make_up_prints_working_endpoints_and_make_down_keeps_the_data(
@@ -335,13 +355,9 @@ def test_make_up_prints_working_endpoints_and_make_down_keeps_the_data(
         shell(f"pinmq send orders --url {node2} --group kept --count 3 --body kept", env)
         followers = following_logs(tmp_path, env)
         make("down-docker", env)
-        for follower in followers.values():
-            follower.wait(timeout=60)
-        logs = {name: (tmp_path / f"{name}.log").read_text(errors="replace") for name in SERVICES}
-        assert all(stopped(log) for log in logs.values()), {
-            n: log[-2000:] for n, log in logs.items()
-        }
-        loud_lines = {n: found for n, log in logs.items() if (found := loud(log.splitlines()))}
+        logs = followed_to_the_end(tmp_path, followers)
+        assert all(stopped(lines) for lines in logs.values()), {n: x[-5:] for n, x in logs.items()}
+        loud_lines = {n: found for n, lines in logs.items() if (found := loud(lines))}
         assert not loud_lines, json.dumps(loud_lines, indent=1)
         assert project_objects("container", project) == []
         assert len(project_objects("volume", project)) == len(SERVICES)
