@@ -33,183 +33,31 @@ Why "in sync" is announced
 Failback: a returning primary never activates by itself; it follows the active and syncs. With
 allow-failback, once it is in sync the active stops serving, releases the voters' promises and
 hands over; the primary is then elected at a new epoch with the same data.
+
+The parts: the messages and the record (cluster/failover_messages.py), the voting side every
+member has (cluster/failover_voting.py), a pair member's roles and the one table of their
+transitions (cluster/failover_states.py), and here the pair `Member`, which decides when an
+event happened and does what entering a role takes.
 """
 
 from __future__ import annotations
 
-import enum
 import random
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
-
-def quorum(voters: int) -> int:
-    """Votes (or promises) one process needs, out of the `voters` + 1 other members."""
-    return (voters + 1) // 2 + 1
-
-
-@dataclass(frozen=True)
-class Timing:
-    """Milliseconds: heartbeats every `heartbeat_interval`; a promise lasts `failure_timeout`."""
-
-    heartbeat_interval: int = 200
-    failure_timeout: int = 1000
-
-    @property
-    def promise(self) -> int:
-        """How long the active counts on a promise after sending the heartbeat it answered:
-        a little less than a voter keeps it, for clocks whose rates differ slightly."""
-        return self.failure_timeout - self.failure_timeout // 20
-
-
-# ---------------------------------------------------------------------------------- messages
-
-
-@dataclass(frozen=True)
-class Heartbeat:
-    """From the active to every other member: its epoch and what its backup holds."""
-
-    sender: str
-    epoch: int
-    seq: int
-    backup: str  # the sender's peer
-    backup_in_sync: bool
-    releasing: bool = False  # the sender stopped serving and frees the promises (failback)
-
-
-@dataclass(frozen=True)
-class HeartbeatReply:
-    sender: str
-    epoch: int  # the heartbeat's
-    seq: int
-    accepted: bool
-    known_epoch: int
-    wants_failback: bool = False  # from a passive primary with allow-failback, once in sync
-
-
-@dataclass(frozen=True)
-class VoteRequest:
-    candidate: str
-    epoch: int
-    data_epoch: int  # epoch of the newest active whose data the candidate holds in full
-    pre: bool = False  # "would you?": answered alike, but nothing is promised or recorded
-
-
-@dataclass(frozen=True)
-class VoteReply:
-    sender: str
-    epoch: int
-    granted: bool
-    known_epoch: int
-    record: Record  # the voter's: a candidate learns from it what an active announced
-    pre: bool = False
-
-
-@dataclass(frozen=True)
-class Handover:
-    """From an active that stopped serving to its in-sync peer: take over now."""
-
-    sender: str
-    epoch: int
-
-
-Message = Heartbeat | HeartbeatReply | VoteRequest | VoteReply | Handover
-
-
-@dataclass(frozen=True)
-class Send:
-    to: str
-    message: Message
-
-
-# ---------------------------------------------------------------------------------- voting
-
-
-@dataclass(frozen=True)
-class Record:
-    """What the last accepted active said: persisted by every member, so a restart keeps it."""
-
-    epoch: int = 0
-    active: str | None = None
-    backup: str | None = None
-    backup_in_sync: bool = False
-    seq: int = 0
-
-
-@dataclass
-class Ballot:
-    """A member's durable voting state: persist it before sending what depends on it."""
-
-    voted: int = 0  # highest epoch this member voted in, for itself or another: once each
-    granted: int = 0  # highest epoch it voted in for another member
-    record: Record = field(default_factory=Record)
-
-    @property
-    def epoch(self) -> int:
-        """Highest epoch seen: a new candidacy takes the next one."""
-        return max(self.voted, self.record.epoch)
-
-    @property
-    def fence(self) -> int:
-        """Heartbeats below it are refused. Its own failed candidacies do not count, so a
-        stale member that stood in vain still follows (and never deposes) the real active."""
-        return max(self.granted, self.record.epoch)
-
-
-class Voter:
-    """The voting side that every member has: promises, votes, the record of the active."""
-
-    def __init__(self, name: str, timing: Timing, now: int, ballot: Ballot | None = None):
-        self.name = name
-        self.timing = timing
-        self.ballot = ballot or Ballot()
-        # After a restart we cannot know what we promised before: assume a promise runs.
-        self.promised_until = now + timing.failure_timeout if ballot else now
-        self.changed = False  # the ballot changed: the shell persists it before sending
-
-    def on_heartbeat(self, hb: Heartbeat, now: int) -> HeartbeatReply:
-        ballot, record = self.ballot, self.ballot.record
-        if hb.epoch < ballot.fence or (
-            hb.epoch == record.epoch and record.active not in (None, hb.sender)
-        ):
-            return HeartbeatReply(self.name, hb.epoch, hb.seq, False, ballot.fence)
-        if hb.epoch > record.epoch or hb.seq > record.seq:
-            new = Record(hb.epoch, hb.sender, hb.backup, hb.backup_in_sync, hb.seq)
-            # Persisted when what it says changes, with the seq then: an older heartbeat
-            # delivered late after a restart is still told apart.
-            self.changed |= replace(new, seq=0) != replace(record, seq=0)
-            ballot.record = new
-        if hb.releasing:
-            self.promised_until = now
-        else:
-            self.promised_until = max(self.promised_until, now + self.timing.failure_timeout)
-        return HeartbeatReply(self.name, hb.epoch, hb.seq, True, ballot.fence)
-
-    def on_vote_request(self, req: VoteRequest, now: int) -> VoteReply:
-        ballot, record = self.ballot, self.ballot.record
-        eligible = req.data_epoch >= record.epoch and (
-            record.epoch == 0
-            or req.candidate == record.active
-            or (req.candidate == record.backup and record.backup_in_sync)
-        )
-        if req.epoch <= ballot.epoch or now < self.promised_until or not eligible:
-            return VoteReply(self.name, req.epoch, False, ballot.fence, record, req.pre)
-        if req.pre:
-            return VoteReply(self.name, req.epoch, True, ballot.fence, record, True)
-        ballot.voted = ballot.granted = req.epoch
-        self.changed = True
-        self.promised_until = now + self.timing.failure_timeout
-        return VoteReply(self.name, req.epoch, True, ballot.fence, record, False)
-
-
-# ---------------------------------------------------------------------------------- a pair member
-
-
-class Role(enum.Enum):
-    PASSIVE = "passive"
-    CANDIDATE = "candidate"
-    ACTIVE = "active"
-    RELEASING = "releasing"  # stopped serving to hand over (failback)
+from cluster.failover_messages import (
+    Handover,
+    Heartbeat,
+    HeartbeatReply,
+    Message,
+    Record,
+    Send,
+    VoteReply,
+    VoteRequest,
+)
+from cluster.failover_states import Event, Role, next_role, takes
+from cluster.failover_voting import Ballot, Timing, Voter, quorum
 
 
 @dataclass
@@ -262,12 +110,17 @@ class Member(Voter):
         self.backup_in_sync = False
         self._announced_seq = 0  # first heartbeat that carried the current backup_in_sync
         self._told: set[str] = set()  # voters that accepted it
-        # Candidate state.
-        self._votes: set[str] = set()
-        self._asked_at = 0
-        self._released_at = 0
-        self._pre_epoch = 0  # asking whether a quorum would vote at this epoch (0: not)
+        # Pre-candidate and candidate state.
+        self._since = now  # when the member entered its role
+        self._pre_epoch = 0  # the epoch a pre-candidate asks about
         self._pre_votes: set[str] = set()
+        self._votes: set[str] = set()
+        self._refused: set[str] = set()
+        # Why its last candidacy failed (epoch, reason): a repeated election says why.
+        self.defeat: tuple[int, str] | None = None
+        # The active it followed until it heard none, and stood against: a takeover (None
+        # after a start, or when it was handed the node).
+        self.took_over: str | None = None
 
     # ---- what the shell asks
 
@@ -302,7 +155,7 @@ class Member(Voter):
 
     def synced(self, epoch: int) -> None:
         """Passive: caught up with the active of `epoch`."""
-        if self.role is Role.PASSIVE and epoch == self.ballot.record.epoch:
+        if self.role.follows and epoch == self.ballot.record.epoch:
             self.in_sync = True
             self.durable.data_epoch = epoch
             self.changed = True
@@ -314,25 +167,24 @@ class Member(Voter):
     # ---- time and messages
 
     def tick(self, now: int) -> list[Send]:
-        if self.role is Role.ACTIVE:
-            if self.backup_in_sync and now - self._peer_heard > self.timing.failure_timeout:
-                return self._announce(False, now)  # the backup is gone: say so, carry on
-            return self._beat(now) if now >= self._next_beat else []
-        if self.role is Role.CANDIDATE:
-            if now - self._asked_at >= self.timing.failure_timeout:
-                self.role = Role.PASSIVE  # no quorum in time: wait, then stand again
-                self._stand_at = now + self._patience()
-            return []
-        if self.role is Role.RELEASING:
-            if now - self._released_at >= self.timing.failure_timeout:
-                self.role = Role.PASSIVE  # the handover did not happen: stand again later
-                self._stand_at = now + self._patience()
-            return []
-        if self._pre_epoch and now - self._asked_at >= self.timing.failure_timeout:
-            self._pre_epoch = 0  # no quorum would vote: wait, then ask again
-            self._stand_at = now + self._patience()
-        due = not self._pre_epoch and now >= max(self._stand_at, self.promised_until)
-        return self._ask(now) if due and self._may_stand() else []
+        timing = self.timing
+        match self.role:
+            case Role.ACTIVE:
+                if self.backup_in_sync and now - self._peer_heard > timing.failure_timeout:
+                    return self._announce(False, now)  # the backup is gone: say so, carry on
+                return self._beat(now) if now >= self._next_beat else []
+            case Role.PASSIVE:
+                due = now >= max(self._stand_at, self.promised_until)
+                return self._ask(now) if due and self._may_stand() else []
+            case Role.PRE_CANDIDATE | Role.CANDIDATE | Role.RELEASING:
+                if now - self._since >= timing.failure_timeout:
+                    if self.role is Role.CANDIDATE:
+                        self._lost(
+                            f"{self._tally()} within failure-timeout ({timing.failure_timeout} ms)"
+                        )
+                    self._to(Event.TIMED_OUT, now)  # no quorum, or no handover, in time:
+                    self._stand_at = now + self._patience()  # wait, then stand again
+                return []
 
     def receive(self, message: Message, now: int) -> list[Send]:
         match message:
@@ -347,9 +199,9 @@ class Member(Voter):
             case Handover():
                 record = self.ballot.record
                 ours = message.sender == self.active and message.epoch == record.epoch
-                if self.role is Role.PASSIVE and self.in_sync and ours:
+                if takes(self.role, Event.HANDOVER) and self.in_sync and ours:
                     self.promised_until = now
-                    return self._stand(now)
+                    return self._stand(Event.HANDOVER, now)
                 return []
 
     # ---- passive and candidate
@@ -364,24 +216,33 @@ class Member(Voter):
         # ours may be older (the heartbeat saying "in sync again" may not have reached us).
         return self.name in (record.active, record.backup)
 
+    def _to(self, event: Event, now: int) -> Role:
+        """Take `event` (cluster/failover_states.py's table): the role it leaves."""
+        before, self.role = self.role, next_role(self.role, event)
+        if self.role is not before:
+            self._since = now
+        return before
+
     def _ask(self, now: int) -> list[Send]:
         """Pre-vote: stand only if a quorum would vote for us, so a candidate that cannot win
         (stale data, an active still heard by the voters) never takes votes from one that can."""
+        self._to(Event.QUIET, now)
         self._pre_epoch = self.epoch + 1
         self._pre_votes = set()
-        self._asked_at = now
         req = VoteRequest(self.name, self._pre_epoch, self.durable.data_epoch, pre=True)
         return [Send(to, req) for to in self._others()]
 
-    def _stand(self, now: int) -> list[Send]:
-        self._pre_epoch = 0
-        self.role = Role.CANDIDATE
+    def _stand(self, event: Event, now: int) -> list[Send]:
+        """A candidacy at a new epoch, after a pre-vote or a handover."""
+        self._to(event, now)
+        silent = event is Event.PRE_VOTED and self.active != self.name
+        self.took_over = self.active if silent else None
         self.active = None
         self.ballot.voted = self.epoch + 1
         self.changed = True
         self._votes = set()
+        self._refused = set()
         self._promises.clear()
-        self._asked_at = now
         req = VoteRequest(self.name, self.ballot.voted, self.durable.data_epoch)
         return [Send(to, req) for to in self._others()]
 
@@ -395,21 +256,23 @@ class Member(Voter):
             self.ballot.record = reply.record
             self.changed = True
         if reply.pre:
-            live = self.role is Role.PASSIVE and reply.epoch == self._pre_epoch
+            live = self.role is Role.PRE_CANDIDATE and reply.epoch == self._pre_epoch
             if live and reply.granted and reply.epoch > self.epoch:
                 self._pre_votes.add(reply.sender)
                 if len(self._pre_votes) >= self.quorum:
-                    return self._stand(now)
+                    return self._stand(Event.PRE_VOTED, now)
             return []
         if self.role is not Role.CANDIDATE or reply.epoch != self.ballot.voted:
             return []
         if reply.known_epoch > reply.epoch:
-            self._step_down()
+            self._step_down(now, f"{reply.sender} knows epoch {reply.known_epoch}")
             return []
         if reply.granted:
             self._votes.add(reply.sender)
             # The voter promised when it granted, which was after we asked.
-            self._promises[reply.sender] = self._asked_at + self.timing.promise
+            self._promises[reply.sender] = self._since + self.timing.promise
+        else:
+            self._refused.add(reply.sender)
         if len(self._votes) >= self.quorum:
             return self._activate(now)
         return []
@@ -422,7 +285,7 @@ class Member(Voter):
             return [Send(req.candidate, refusal)]
         reply = self.on_vote_request(req, now)
         if reply.granted and not req.pre:
-            self._step_down()
+            self._step_down(now, f"voted for {req.candidate} at epoch {req.epoch}")
         return [Send(req.candidate, reply)]
 
     def _on_heartbeat(self, hb: Heartbeat, now: int) -> list[Send]:
@@ -430,8 +293,7 @@ class Member(Voter):
         reply = self.on_heartbeat(hb, now)
         if not reply.accepted or hb.releasing:  # a release promises nothing: stand on
             return [Send(hb.sender, reply)]
-        if self.role is not Role.PASSIVE:
-            self._step_down()
+        self._step_down(now, f"{hb.sender} is active at epoch {hb.epoch}")
         if followed != (hb.sender, hb.epoch):
             self.in_sync = False  # a new active, or the same at a new epoch: catch up first
         self.active = hb.sender
@@ -439,14 +301,27 @@ class Member(Voter):
         wants = self.primary and self.allow_failback and self.in_sync
         return [Send(hb.sender, replace(reply, wants_failback=wants))]
 
-    def _step_down(self) -> None:
-        """Back to passive: an active or candidate that learnt of a newer epoch, or voted."""
-        if self.role is not Role.PASSIVE:
-            self.role = Role.PASSIVE
-            self.active = None
-            self.in_sync = False
-            self._promises.clear()
-            self._stand_at = self.promised_until + self._patience()
+    def _step_down(self, now: int, why: str) -> None:
+        """Outranked: an active, candidate or releasing member goes back to passive."""
+        if self.role is Role.CANDIDATE:
+            self._lost(why)
+        if self._to(Event.OUTRANKED, now) is self.role:
+            return  # a passive member, or one asking whether it may stand: nothing to undo
+        self.active = None
+        self.in_sync = False
+        self._promises.clear()
+        self._stand_at = self.promised_until + self._patience()
+
+    def _lost(self, why: str) -> None:
+        self.defeat = (self.ballot.voted, why)
+
+    def _tally(self) -> str:
+        heard = self._votes | self._refused
+        unheard = [m for m in self._others() if m and m not in heard]
+        return (
+            f"{len(self._votes)} of the {self.quorum} votes needed"
+            f" (refused by {sorted(self._refused) or 'none'}, no answer from {unheard or 'none'})"
+        )
 
     def _patience(self) -> int:
         t = self.timing
@@ -455,7 +330,7 @@ class Member(Voter):
     # ---- active
 
     def _activate(self, now: int) -> list[Send]:
-        self.role = Role.ACTIVE
+        self._to(Event.ELECTED, now)
         self.active = self.name
         epoch = self.ballot.voted
         self.durable = Durable(data_epoch=epoch)
@@ -495,7 +370,7 @@ class Member(Voter):
             return []
         if not reply.accepted:
             if reply.known_epoch > self.epoch:
-                self._step_down()
+                self._step_down(now, f"{reply.sender} knows epoch {reply.known_epoch}")
             return []
         sent = self._sent.get(reply.seq)
         if sent is not None:
@@ -512,8 +387,7 @@ class Member(Voter):
 
     def _release(self, now: int) -> list[Send]:
         """Failback: stop serving, free the voters' promises, tell the in-sync peer to stand."""
-        self.role = Role.RELEASING
-        self._released_at = now
+        self._to(Event.FAILBACK, now)
         self._promises.clear()
         out = self._beat(now, releasing=True)
         self.promised_until = now

@@ -28,23 +28,19 @@ from broker import channels, sqlite_file
 from broker.config import NodeConfig
 from broker.engine import NotServing
 from broker.info import HaPairStatus
-from cluster.failover import (
-    Ballot,
-    Durable,
+from cluster.failover import Durable, Member
+from cluster.failover_messages import (
     Handover,
     Heartbeat,
     HeartbeatReply,
-    Member,
     Message,
     Record,
-    Role,
     Send,
-    Timing,
-    Voter,
     VoteReply,
     VoteRequest,
-    quorum,
 )
+from cluster.failover_states import Role
+from cluster.failover_voting import Ballot, Timing, Voter, quorum
 from cluster.ha_wire import from_pb, to_pb
 from pinmq_pb import cluster_pb2 as pb
 from pinmq_pb import cluster_pb2_grpc as pb_grpc
@@ -54,6 +50,15 @@ log = structlog.get_logger(__name__)
 STATE_FILE = "ha-state.json"  # a pair member's ballot, data epoch, peer
 VOTES_FILE = "ha-votes.json"  # a voter's ballot per pair
 TICK_S = 0.02  # well inside the 5 % by which a promise outlives the active's count of it
+ASKING = {Role.PASSIVE.value, Role.PRE_CANDIDATE.value}  # a member that asks in vain, again
+
+
+def grace_s(timing: Timing, reconnect_interval_ms: int) -> float:
+    """How long a state that is normal while a pair elects or a peer restarts (no active, no
+    LOCAL grouping handler, replication broken off, a backup out of sync) may last before it
+    is logged as a warning or an error: an election that takes a second round
+    (`Timing.election`), then four reconnect-intervals for the links to the new active."""
+    return (timing.election + 4 * reconnect_interval_ms) / 1000
 
 
 def now_ms() -> int:
@@ -112,6 +117,12 @@ class VoterRegistry:
             for logical, data in saved.items()
         }
 
+    def timing(self) -> Timing:
+        """The timing of the pairs it votes for, as far as their messages tell (the longest
+        failure-timeout), else the default: how long a pair may take to elect."""
+        longest = max((v.timing.failure_timeout for v in self.voters.values()), default=0)
+        return Timing(failure_timeout=max(longest, Timing().failure_timeout))
+
     def receive(self, envelope: pb.FailoverEnvelope) -> list[pb.FailoverEnvelope]:
         message = from_pb(envelope)
         logical = envelope.logical
@@ -157,6 +168,7 @@ class PairShell:
         self.peer_address: str | None = saved.get("peer_address") or ha.primary
         peer = saved.get("peer") or ("" if self.primary else (self.logical or ""))
         self.timing = Timing(ha.heartbeat_interval, ha.failure_timeout)
+        self.grace_s = grace_s(self.timing, cluster.reconnect_interval)
         voters = [a for a in cluster.connectors if a != self.peer_address]
         durable = Durable(saved["durable"]["data_epoch"]) if saved.get("durable") else None
         self.member = Member(
@@ -177,7 +189,9 @@ class PairShell:
         self._ticking: asyncio.Task[None] | None = None
         self._waiting_alone: list[asyncio.Future[None]] = []
         self._replica_epoch: int | None = None  # passive: the snapshot of this epoch's active
+        self._backup_watch: asyncio.TimerHandle | None = None  # active: a backup out of sync
         self._last = self.describe()
+        self._defeat = self.member.defeat
 
     # ---- what the node asks
 
@@ -202,9 +216,27 @@ class PairShell:
 
     def backup_synced(self) -> None:
         self._handle(self.member.backup_synced(now_ms()))
+        if self._backup_watch is not None:
+            self._backup_watch.cancel()
+            self._backup_watch = None
 
     def backup_lost(self) -> None:
+        """The backup went away or fell behind: normal while it restarts, worth a warning
+        if it is not back in sync within the grace period."""
         self._handle(self.member.backup_lost(now_ms()))
+        if self._ticking is not None and self._backup_watch is None:
+            loop = asyncio.get_running_loop()
+            self._backup_watch = loop.call_later(self.grace_s, self._backup_still_lost)
+
+    def _backup_still_lost(self) -> None:
+        self._backup_watch = None
+        member = self.member
+        if member.role is Role.ACTIVE and not member.backup_in_sync:
+            log.warning(
+                "the backup is still out of sync: writes are acknowledged without it",
+                backup=member.peer,
+                after_s=self.grace_s,
+            )
 
     def replica_synced(self, epoch: int) -> None:
         """Passive: the snapshot of the active of `epoch` is on disk, and the stream runs."""
@@ -248,10 +280,14 @@ class PairShell:
         self._ticking = asyncio.create_task(self._tick_loop(), name="failover-tick")
 
     async def stop(self) -> None:
-        if self._ticking is not None:
-            self._ticking.cancel()
+        ticking, self._ticking = self._ticking, None
+        if ticking is not None:
+            ticking.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._ticking
+                await ticking
+        if self._backup_watch is not None:
+            self._backup_watch.cancel()
+            self._backup_watch = None
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -296,12 +332,20 @@ class PairShell:
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
         self._settle_waiting()
+        member = self.member
+        if member.defeat != self._defeat and member.defeat is not None:
+            epoch, why = self._defeat = member.defeat
+            log.info("election lost: standing again later", epoch=epoch, why=why)
         now = self.describe()
         if now != self._last:
-            changed = {k: v for k, v in now.items() if self._last.get(k) != v}
-            self._last = now
-            if {"role", "epoch", "serving", "active"} & changed.keys():
-                log.info("failover state", **now)
+            before, self._last = self._last, now
+            changed = {k for k, v in now.items() if before.get(k) != v}
+            changed &= {"role", "epoch", "serving", "active"}
+            if changed:
+                # Asking whether it may stand, and being told no, repeats while no active
+                # is heard: no news.
+                retry = changed == {"role"} and {before["role"], now["role"]} <= ASKING
+                (log.debug if retry else log.info)("failover state", **now)
             self.on_change()
 
     async def _deliver(self, address: str, send: Send) -> None:
@@ -310,7 +354,7 @@ class PairShell:
         if channel is None:
             channel = aio.insecure_channel(address, options=channels.reconnect())
             self._channels[address] = channel
-        timeout = self.timing.heartbeat_interval * 2 / 1000
+        timeout = self.timing.answer_within(send.message) / 1000
         try:
             answer = await pb_grpc.ClusterStub(channel).Failover(
                 self._envelope(send.message), timeout=timeout

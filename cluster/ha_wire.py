@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from cluster.failover import (
+from cluster.failover_messages import (
     Handover,
     Heartbeat,
     HeartbeatReply,

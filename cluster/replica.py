@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import os
 import sqlite3
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
@@ -30,6 +31,7 @@ from grpc import aio
 from broker import channels, sqlite_file
 from broker.engine import STORE_FILE
 from broker.store import Store, StoreError
+from cluster.outage import Outage
 from handler.bindings import FILE_NAME as BINDINGS_FILE
 from handler.bindings import BindingStore, BindingStoreError
 from pinmq_pb import cluster_pb2 as pb
@@ -51,7 +53,8 @@ class Follower:
     """Follows one primary into `data_dir`; `run` until cancelled, then `close`.
 
     `on_synced(epoch)` hears when a snapshot of the active of that epoch is on disk,
-    `on_broken()` when the stream broke off (a catch-up is needed again).
+    `on_broken()` when the stream broke off (a catch-up is needed again). A stream that
+    stays broken off (no snapshot installed) for `warn_after_s` is worth a warning.
     """
 
     def __init__(
@@ -61,6 +64,7 @@ class Follower:
         data_dir: Path,
         retry_s: float,
         *,
+        warn_after_s: float,
         cluster_address: str = "",
         on_synced: Callable[[int], None] | None = None,
         on_broken: Callable[[], None] | None = None,
@@ -68,6 +72,7 @@ class Follower:
         self.node_id = node_id
         self.primary = primary
         self.retry_s = retry_s
+        self.warn_after_s = warn_after_s
         self.cluster_address = cluster_address
         self.on_synced = on_synced
         self.on_broken = on_broken
@@ -78,6 +83,9 @@ class Follower:
         self.durable = 0  # highest sequence of the primary's writes on our disk
         self._stores: dict[str, Store | BindingStore] = {}
         self._bulk: dict[str, sqlite3.Connection] = {}
+        self._outage = Outage()  # a primary that is not active (yet) refuses every retry
+        self._broken_at: float | None = None  # the stream broke off then, none installed since
+        self._warned = False
 
     def status(self) -> dict[str, Any]:
         return {
@@ -91,10 +99,7 @@ class Follower:
             try:
                 await self._follow()
             except (aio.AioRpcError, OSError, sqlite3.Error, StoreError, BindingStoreError) as err:
-                detail = err.details() if isinstance(err, aio.AioRpcError) else str(err)
-                log.warning(
-                    "replication from the primary broke off", primary=self.primary, error=detail
-                )
+                self._broke_off(err.details() if isinstance(err, aio.AioRpcError) else str(err))
             self.state = "connecting"
             if self.on_broken is not None:
                 self.on_broken()
@@ -104,6 +109,24 @@ class Follower:
     async def close(self) -> None:
         await self._close_bulk()
         await self._close_stores()
+
+    def _broke_off(self, error: str) -> None:
+        """Each failure once per outage, at info: normal while the pair elects or the
+        primary restarts; a warning once, if no snapshot was installed for `warn_after_s`."""
+        now = time.monotonic()
+        if self._broken_at is None:
+            self._broken_at = now
+        if self._outage.news(error):
+            log.info("replication from the primary broke off", primary=self.primary, error=error)
+        since = self._broken_at
+        if now - since >= self.warn_after_s and not self._warned:
+            self._warned = True
+            log.warning(
+                "replication from the primary broken off for long",
+                primary=self.primary,
+                seconds=round(now - since, 1),
+                error=error,
+            )
 
     async def _follow(self) -> None:
         reports: asyncio.Queue[pb.ReplicaReport] = asyncio.Queue()
@@ -129,6 +152,8 @@ class Follower:
                         await self._install()
                         self.durable = after
                         self.state = "following"
+                        self._outage.over()  # its end: the line below
+                        self._broken_at, self._warned = None, False
                         log.info(
                             "snapshot installed: following the primary",
                             primary=self.primary_id,

@@ -140,7 +140,7 @@ class _Backup:
         if self.lost is not None:
             return
         self.lost = BackupLost(reason)
-        log.error("backup lost: carrying on without it", backup=self.node_id, reason=reason)
+        log.info("backup lost: carrying on without it", backup=self.node_id, reason=reason)
         if self.gate is not None:
             self.gate.backup_lost()
         self.queue.clear()

@@ -26,7 +26,7 @@ from broker.readiness import Readiness, assess
 from broker.sending import LocalSendPath, SendPath
 from cluster.admin import ClusterAdministration
 from cluster.claims import GroupClaims
-from cluster.ha import PairShell
+from cluster.ha import PairShell, grace_s
 from cluster.node import ClusterNode
 from cluster.replication import Replicator
 from cluster.sending import ClusteredSendPath
@@ -89,7 +89,8 @@ class Node:
         self.claims: GroupClaims | None = None  # with a grouping handler
         self.problems: list[str] = []  # cluster misconfigurations, as last seen
         self._problems_logged: list[str] = []
-        self._quiet_until = 0.0  # problems are logged from then on (peers need time to link)
+        self._cluster_started = 0.0  # problems are logged after a grace period from then on
+        self._grace: asyncio.TimerHandle | None = None
         self._server: aio.Server | None = None
         self._health: health.aio.HealthServicer | None = None
         self._stomp: StompServer | None = None
@@ -210,11 +211,7 @@ class Node:
                 if self.engine.audit is not None:
                     handler.on_removed(self._audit_removal)
         cluster.on_instances_changed(self._topology_changed)
-        reconnect_s = cluster.config.reconnect_interval / 1000
-        self._quiet_until = time.monotonic() + max(2.0, 4 * reconnect_s)
-        asyncio.get_running_loop().call_later(
-            self._quiet_until - time.monotonic(), self._log_problems
-        )
+        self._cluster_started = time.monotonic()
         try:
             await cluster.start()
         except OSError as err:
@@ -280,14 +277,37 @@ class Node:
             self.clustered.redistribute_all()
 
     def _log_problems(self) -> None:
-        """Log cluster problems loudly when they change (after the start-up grace period)."""
-        if time.monotonic() < self._quiet_until or self.problems == self._problems_logged:
+        """Log cluster problems loudly when they change, once the start-up grace period is
+        over: until then a REMOTE node normally sees no LOCAL grouping handler."""
+        if self.problems == self._problems_logged:
+            return
+        wait = self._cluster_started + self._grace_s() - time.monotonic()
+        if wait > 0:
+            if self._grace is None:
+                self._grace = asyncio.get_running_loop().call_later(wait, self._grace_over)
             return
         if self.problems:
             log.error("cluster misconfigured", problems=self.problems)
         elif self._problems_logged:
             log.info("cluster problems resolved")
         self._problems_logged = self.problems
+
+    def _grace_over(self) -> None:
+        self._grace = None
+        if self._serving:
+            self._log_problems()
+
+    def _grace_s(self) -> float:
+        """Four reconnect-intervals (at least 2 s) for the links to come up. A REMOTE node's
+        LOCAL node may be an ha pair, which elects first: as long as that may take
+        (`cluster.ha.grace_s`, at the pair timing its votes heard of, else the default)."""
+        assert self.cluster is not None
+        reconnect = self.cluster.config.reconnect_interval
+        links = max(2.0, 4 * reconnect / 1000)
+        handler = self.config.grouping_handler
+        if handler is None or handler.type != "REMOTE":
+            return links
+        return max(links, grace_s(self.cluster.voters.timing(), reconnect))
 
     async def _set_cluster_health(self) -> None:
         assert self._health is not None

@@ -22,7 +22,7 @@ from broker import logs
 from broker.config import NodeConfig
 from broker.engine import StartupError
 from broker.readiness import Readiness
-from cluster.failover import Role
+from cluster.failover_states import Role
 from cluster.ha import PairShell, PassiveService
 from cluster.replica import Follower, recover
 from pinmq.http import HttpServer
@@ -74,6 +74,7 @@ class PairProcess:
                 self.node = None
             await self._stop_following()
             await self._stop_passive()
+        log.info("pair member stopped", **self.shell.describe())
 
     # ---- switching between active and passive
 
@@ -128,7 +129,16 @@ class PairProcess:
             return
         self.node = node
         node.failed.add_done_callback(lambda _: self._changed())
-        log.warning("serving as the active process", logical=logical, epoch=self.shell.epoch)
+        epoch, replaced = self.shell.epoch, self.shell.member.took_over
+        if replaced is None:  # a start, or a handover
+            log.info("serving as the active process", logical=logical, epoch=epoch)
+        else:  # it followed an active that fell silent
+            log.warning(
+                "took over: serving as the active process",
+                logical=logical,
+                epoch=epoch,
+                replaced=replaced,
+            )
 
     async def _go_passive(self) -> None:
         node, self.node = self.node, None
@@ -166,6 +176,7 @@ class PairProcess:
             address,
             self.data_dir,
             retry_s=self.config.cluster.reconnect_interval / 1000,  # type: ignore[union-attr]
+            warn_after_s=self.shell.grace_s,
             cluster_address=self.config.pair_address,
             on_synced=self.shell.replica_synced,
             on_broken=self.shell.replica_broke,

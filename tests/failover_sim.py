@@ -24,7 +24,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from cluster.failover import Ballot, Durable, Member, Message, Role, Send, Timing, Voter
+from cluster.failover import Durable, Member
+from cluster.failover_messages import Message, Send
+from cluster.failover_states import Role
+from cluster.failover_voting import Ballot, Timing, Voter
 
 PRIMARY, BACKUP = "node1", "node1-backup"
 VOTERS = ("node2", "node3")
@@ -211,7 +214,7 @@ class Sim:
 
     def _replication(self, proc: Proc, node: Member, message: Append | Snapshot | Applied) -> None:
         now = self._local(proc)
-        following = node.role is Role.PASSIVE and node.active == message.sender
+        following = node.role.follows and node.active == message.sender
         if isinstance(message, Snapshot):
             if following and message.epoch == node.ballot.record.epoch:
                 proc.log = list(message.log)

@@ -17,6 +17,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ports import reserve_port
 from tcp_proxy import Proxy
 
+from pinmq_pb import client_pb2, client_pb2_grpc
+
 PRIMARY, BACKUP = "node1", "node1-backup"
 WAIT_S = 30.0
 
@@ -51,6 +53,19 @@ def ready(node: NodeProcess) -> bool:
     except OSError:
         return False
     return status == 200
+
+
+def pair_as_heard(node: NodeProcess) -> tuple[str, str, bool] | None:
+    """(active, backup, backup in sync) of the pair as a node last heard it from the active's
+    heartbeats (its voter's record; `pinmq status`), None if it does not answer or heard none."""
+    with grpc.insecure_channel(node.url) as channel:
+        try:
+            reply = client_pb2_grpc.AdminStub(channel).ClusterStatus(
+                client_pb2.ClusterStatusRequest(), timeout=1.0
+            )
+        except grpc.RpcError:
+            return None
+    return next(((p.active, p.backup, p.backup_in_sync) for p in reply.ha), None)
 
 
 def ha_detail(node: NodeProcess, key: str) -> Any:
@@ -146,7 +161,24 @@ class HaCluster:
         return self
 
     def wait_in_sync(self, active: NodeProcess) -> None:
-        wait("the backup in sync", lambda: ha_detail(active, "backup_in_sync"))
+        wait("every process knows the backup is in sync", lambda: self.in_sync(active))
+
+    def in_sync(self, active: NodeProcess) -> bool:
+        """Every process knows that `active`'s backup holds everything: the active, its
+        backup (a passive out of sync never stands) and both voters, whose votes a takeover
+        needs (they elect no backup the active did not announce in sync). Only then may a
+        test count on a failover to the backup: the active's own view comes first, and the
+        others hear it with its next heartbeat."""
+        [(name, _)] = [(n, p) for n, p in self.nodes.items() if p is active]
+        backup = BACKUP if name == PRIMARY else PRIMARY
+        return bool(
+            ha_detail(active, "backup_in_sync")
+            and ha_detail(self.nodes[backup], "in_sync")
+            and all(
+                pair_as_heard(self.nodes[voter]) == (name, backup, True)
+                for voter in ("node2", "node3")
+            )
+        )
 
     def cut_pair(self) -> None:
         for proxy in self.proxies:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import AsyncIterator, Coroutine
@@ -26,6 +27,7 @@ from typing import Any
 import pytest
 from compose_nodes import REPO, SERVICES, ComposeCluster, build_image, compose_env
 from ha_load import QUEUE, HaLoad
+from log_levels import loud, stopped
 from ports import reserve_port
 
 from broker.client import Client
@@ -277,13 +279,50 @@ def project_objects(kind: str, project: str) -> list[str]:
     return subprocess.run(listing, check=True, capture_output=True, text=True).stdout.split()
 
 
+# What `docker compose logs -f` adds once a followed container stops.
+EXITED = re.compile(r"(?:\x1b\[K)?(\S+) exited with code (\d+)")
+
+
+def following_logs(tmp_path: Path, env: dict[str, str]) -> dict[str, subprocess.Popen[bytes]]:
+    """`docker compose logs -f` of each service into tmp_path/<service>.log, from its start
+    until its container stops."""
+    followers = {}
+    for name in SERVICES:
+        with open(tmp_path / f"{name}.log", "wb") as out:
+            followers[name] = subprocess.Popen(
+                ["docker", "compose", "logs", "--no-color", "--no-log-prefix", "-f", name],
+                cwd=REPO,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+    return followers
+
+
+def followed_to_the_end(
+    tmp_path: Path, followers: dict[str, subprocess.Popen[bytes]]
+) -> dict[str, list[str]]:
+    """Each service's log lines, once its container stopped with exit code 0 (the line that
+    `logs -f` adds then is checked and left out)."""
+    logs = {}
+    for name, follower in followers.items():
+        follower.wait(timeout=60)
+        lines = (tmp_path / f"{name}.log").read_text(errors="replace").splitlines()
+        exits = [m.groups() for line in lines if (m := EXITED.fullmatch(line))]
+        assert exits == [(f"{name}-1", "0")], lines[-5:]
+        logs[name] = [line for line in lines if line and not EXITED.fullmatch(line)]
+    return logs
+
+
 def test_make_up_prints_working_endpoints_and_make_down_keeps_the_data(
     tmp_path: Path, image: str
 ) -> None:
     """The README's main command with a Docker engine (`make up` runs `make up-docker`): the
     cluster healthy, its status, each node's endpoints as published and a try line that works;
     `make down` removes the containers and keeps the volumes, so a second `make up` still has
-    what was sent. Under a project and host ports of its own (PINMQ_<NODE>_<KIND>_PORT)."""
+    what was sent. Under a project and host ports of its own (PINMQ_<NODE>_<KIND>_PORT). The
+    fresh cluster is elected at epoch 1, and no node logs anything at warning or above from
+    its start until `make down` stopped it."""
     env = {**os.environ, **compose_env(tmp_path, image)}
     ports = {name: {kind: reserve_port() for kind in KINDS} for name in SERVICES}
     for name, kinds in ports.items():
@@ -292,7 +331,7 @@ def test_make_up_prints_working_endpoints_and_make_down_keeps_the_data(
     project = env["COMPOSE_PROJECT_NAME"]
     try:
         out = make("up-docker", env)
-        assert "backup node1-backup in sync" in out, out
+        assert "active process node1, epoch 1, backup node1-backup in sync" in out, out
         for name, kinds in ports.items():
             shown = " ".join(f"{kind} 127.0.0.1:{port}" for kind, port in kinds.items())
             assert any(
@@ -314,7 +353,12 @@ def test_make_up_prints_working_endpoints_and_make_down_keeps_the_data(
         ]
         node2 = f"127.0.0.1:{ports['node2']['client']}"
         shell(f"pinmq send orders --url {node2} --group kept --count 3 --body kept", env)
+        followers = following_logs(tmp_path, env)
         make("down-docker", env)
+        logs = followed_to_the_end(tmp_path, followers)
+        assert all(stopped(lines) for lines in logs.values()), {n: x[-5:] for n, x in logs.items()}
+        loud_lines = {n: found for n, lines in logs.items() if (found := loud(lines))}
+        assert not loud_lines, json.dumps(loud_lines, indent=1)
         assert project_objects("container", project) == []
         assert len(project_objects("volume", project)) == len(SERVICES)
         make("up-docker", env)

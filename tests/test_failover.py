@@ -8,9 +8,22 @@ simulated milliseconds (heartbeat 20, failure-timeout 100), not wall-clock time.
 
 from __future__ import annotations
 
-import pytest
+import asyncio
+from pathlib import Path
 
-from cluster.failover import Ballot, Heartbeat, Member, Role, Timing, Voter, VoteRequest, quorum
+import pytest
+import yaml
+from grpc import aio
+from ports import reserve_port
+
+from broker.config_file import parse_config
+from cluster.failover import Member
+from cluster.failover_messages import Heartbeat, Record, VoteReply, VoteRequest
+from cluster.failover_states import TRANSITIONS, BadTransition, Event, Role, next_role
+from cluster.failover_voting import Ballot, Timing, Voter, quorum
+from cluster.ha import PairShell, VoterRegistry
+from pinmq_pb import cluster_pb2 as pb
+from pinmq_pb import cluster_pb2_grpc as pb_grpc
 from tests.failover_sim import BACKUP, PRIMARY, Sim, Violation
 
 SEEDS = 10_000
@@ -35,6 +48,48 @@ def test_a_quorum_is_more_than_half_of_the_others() -> None:
     for k in range(1, 8):
         assert 2 * quorum(k) > k + 1
     assert quorum(2) == 2
+
+
+def test_every_role_has_its_transitions_and_an_unlisted_one_is_an_error() -> None:
+    assert set(TRANSITIONS) == set(Role)
+    reached = {Role.PASSIVE} | {to for row in TRANSITIONS.values() for to in row.values()}
+    assert reached == set(Role)  # every role is reachable from a start
+    assert next_role(Role.CANDIDATE, Event.ELECTED) is Role.ACTIVE
+    with pytest.raises(BadTransition, match="ELECTED in PASSIVE"):
+        next_role(Role.PASSIVE, Event.ELECTED)
+
+
+def test_a_backup_asks_before_it_stands_and_follows_while_it_asks() -> None:
+    sim = started()
+    backup = member(sim, BACKUP)
+    sim.crash(PRIMARY)
+    while backup.role is Role.PASSIVE:
+        sim.step()
+    # Pre-candidate: it asked whether a quorum would vote, and spent no epoch on asking.
+    assert backup.role is Role.PRE_CANDIDATE and backup.role.follows
+    assert backup.epoch == 1 and backup.in_sync
+    sim.run(until=sim.now + 300)
+    assert sim.serving() == [BACKUP] and backup.epoch == 2
+
+
+def test_a_candidacy_that_gets_no_quorum_in_time_says_why() -> None:
+    timing = Timing(heartbeat_interval=20, failure_timeout=100)
+    primary = Member(PRIMARY, "", ["node2", "node3"], timing, now=0, primary=True)
+    asked = primary.tick(0)  # a fresh primary asks at once
+    assert {s.to for s in asked} == {"", "node2", "node3"} and primary.role is Role.PRE_CANDIDATE
+    for voter in ("node2", "node3"):
+        reply = VoteReply(voter, 1, True, 0, Record(), pre=True)
+        stood = primary.receive(reply, now=5)
+    assert primary.role is Role.CANDIDATE and {s.message.epoch for s in stood} == {1}
+    primary.receive(VoteReply("node2", 1, True, 1, Record()), now=10)
+    primary.tick(104)
+    assert primary.role is Role.CANDIDATE
+    primary.tick(105)
+    assert primary.role is Role.PASSIVE and primary.defeat == (
+        1,
+        "1 of the 2 votes needed (refused by none, no answer from ['node3'])"
+        " within failure-timeout (100 ms)",
+    )
 
 
 def test_a_voter_gives_one_vote_per_epoch_and_none_while_it_promised_the_active() -> None:
@@ -196,3 +251,66 @@ def test_ten_thousand_random_seeds_keep_node1_single_and_lose_no_binding() -> No
     assert activations > 1.3 * SEEDS  # the faults did force failovers
     # After the calm stretch at the end, node1 is served again in (almost) every run.
     assert unsettled < SEEDS // 200, f"{unsettled} runs end with nobody serving node1"
+
+
+# ---- the shell (cluster/ha.py): real gRPC, the voters' answers slowed down
+
+
+class _SlowVoter(pb_grpc.ClusterServicer):
+    """A cluster member's Failover service whose answer to a vote comes `delay_s` late, as when
+    its disk is slow to persist the vote (a voter's event loop waits for that fsync)."""
+
+    def __init__(self, data_dir: Path, delay_s: float) -> None:
+        self.registry = VoterRegistry(data_dir)
+        self.delay_s = delay_s
+
+    async def Failover(
+        self, request: pb.FailoverEnvelope, context: aio.ServicerContext
+    ) -> pb.FailoverReplies:
+        replies = self.registry.receive(request)
+        if request.WhichOneof("message") == "vote_request" and not request.vote_request.pre:
+            await asyncio.sleep(self.delay_s)
+        return pb.FailoverReplies(replies=replies)
+
+
+async def test_a_fresh_primary_is_elected_at_epoch_1_by_voters_slow_to_persist_their_vote(
+    tmp_path: Path,
+) -> None:
+    """Voters that take 0.6 s to answer a vote (two heartbeat intervals and more: a busy disk
+    under a starting compose cluster) still elect a fresh primary at epoch 1. The shell used to
+    give up on an answer after two heartbeat intervals: the vote, granted and persisted, was
+    lost, the candidacy timed out and every election was repeated at the next epoch."""
+    servers, addresses = [], []
+    for name in ("node2", "node3"):
+        (tmp_path / name).mkdir()
+        server = aio.server()
+        pb_grpc.add_ClusterServicer_to_server(_SlowVoter(tmp_path / name, 0.6), server)
+        address = f"127.0.0.1:{reserve_port()}"
+        server.add_insecure_port(address)
+        await server.start()
+        servers.append(server)
+        addresses.append(address)
+    config = parse_config(
+        yaml.safe_dump(
+            {
+                "node": {"id": PRIMARY, "data-dir": str(tmp_path / PRIMARY)},
+                "listen": {"cluster": f"127.0.0.1:{reserve_port()}"},
+                "cluster": {"connectors": addresses},
+                "grouping-handler": {"type": "LOCAL"},
+                "ha": {"role": "primary", "heartbeat-interval": 200, "failure-timeout": 1000},
+            }
+        ),
+        "node1.yaml",
+    )
+    (tmp_path / PRIMARY).mkdir()
+    elected = asyncio.Event()
+    shell = PairShell(config, lambda: elected.set() if shell.may_serve() else None)
+    shell.start()
+    try:
+        await asyncio.wait_for(elected.wait(), timeout=30)
+        assert shell.member.defeat is None
+        assert shell.epoch == 1
+    finally:
+        await shell.stop()
+        for server in servers:
+            await server.stop(None)

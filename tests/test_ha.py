@@ -54,7 +54,7 @@ async def test_kill_9_of_the_primary_under_load_the_backup_takes_over(
     group at two consumers, one route per binding and epoch."""
     async with drill(tmp_path) as (ha, load):
         await load.send(range(0, 10))
-        await until("the backup knows it is in sync", lambda: ha_detail(ha.backup, "in_sync"))
+        await until("every process knows the backup is in sync", lambda: ha.in_sync(ha.primary))
         assert not serving(ha.backup)  # passive: its client listener is closed
         code, body = get(ha.backup.http, "/readyz")
         assert code == 503 and body["ha"]["replication"] == "following"
@@ -144,7 +144,8 @@ async def test_a_frozen_backup_is_dropped_and_the_primary_carries_on(tmp_path: P
             assert "backup lost: carrying on without it" in ha.primary.log()
         finally:
             backup.proc.send_signal(signal.SIGCONT)
-        await until("the backup in sync again", lambda: ha_detail(ha.primary, "backup_in_sync"))
+        # A takeover needs the backup and both voters to know: the primary knows first.
+        await until("all know the backup is in sync again", lambda: ha.in_sync(ha.primary))
         await load.send(range(10, 20))
         ha.primary.kill()
         await until("the backup serves as node1", lambda: serving(ha.backup))
@@ -165,7 +166,7 @@ async def test_kill_9_of_the_backup_the_primary_carries_on_and_the_backup_catche
         assert ha_detail(ha.primary, "backup_in_sync") is False
         ha.backup.start(wait=False)
         sending = asyncio.create_task(load.send(range(30, 40)))  # it catches up meanwhile
-        await until("the backup in sync again", lambda: ha_detail(ha.primary, "backup_in_sync"))
+        await until("all know the backup is in sync again", lambda: ha.in_sync(ha.primary))
         await sending
         ha.primary.kill()  # the caught-up backup has everything
         await until("the backup serves as node1", lambda: serving(ha.backup))
@@ -244,7 +245,9 @@ async def test_a_cut_between_primary_and_backup_never_activates_the_backup(
         await sending  # the primary dropped its backup and went on
         assert serving(ha.primary) and ha_detail(ha.primary, "backup_in_sync") is False
         ha.heal_pair()
-        await until("the backup in sync again", lambda: ha_detail(ha.primary, "backup_in_sync"))
+        # Not the primary's view alone: the backup and the voters must know before the kill,
+        # else the backup (rightly) never stands.
+        await until("all know the backup is in sync again", lambda: ha.in_sync(ha.primary))
         ha.primary.kill()
         await until("the backup serves as node1", lambda: serving(ha.backup))
         await load.send(range(30, 40))

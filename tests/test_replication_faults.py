@@ -173,8 +173,8 @@ class Backup:
         self.synced: list[int] = []
         self.broken = 0
         self.follower = Follower(
-            "node1-backup", address, data_dir, retry_s=0.05, on_synced=self.synced.append,
-            on_broken=self._broke,
+            "node1-backup", address, data_dir, retry_s=0.05, warn_after_s=WAIT_S,
+            on_synced=self.synced.append, on_broken=self._broke,
         )  # fmt: skip
 
     def _broke(self) -> None:
@@ -443,7 +443,7 @@ def arm(point: str) -> None:
 async def follow_until_killed(address: str, data_dir: Path, point: str) -> None:
     arm(point)
     follower = Follower(
-        "node1-backup", address, data_dir, retry_s=0.05,
+        "node1-backup", address, data_dir, retry_s=0.05, warn_after_s=WAIT_S,
         on_synced=lambda epoch: print(f"reported in sync at epoch {epoch}", flush=True),
     )  # fmt: skip
     await follower.run()
