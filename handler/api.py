@@ -86,7 +86,10 @@ class GroupingHandler(abc.ABC):
     async def decide(self, group: str, queue: str, proposal_node: str) -> Binding:
         """The binding for (group, queue); proposes `proposal_node` if there is none.
 
-        Raises `DecisionTimeout` when no decision arrives within the configured timeout.
+        Raises `DecisionTimeout` when no decision arrives within the configured timeout. The
+        answer holds when given: a caller acting on it after further awaits reads it again
+        with `cached()` in the step that acts, since a removal may have been reported
+        (`on_removed`) in between.
         """
 
     @abc.abstractmethod
