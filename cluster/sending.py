@@ -86,7 +86,7 @@ class ClusteredSendPath:
         """
 
         def route(fresh: Sequence[Outgoing]) -> Sent | None:
-            plan = self._plan(fresh, {}, None)
+            plan = self._plan(fresh, None)
             return None if plan is None else self._commit(fresh, plan, now_ns, {})
 
         return route_once(self.core, batch, route)
@@ -95,28 +95,26 @@ class ClusteredSendPath:
         """Await the batch's missing decisions (concurrently), then route all of it.
 
         Duplicates are screened out before each plan, so none waits for a decision; the plan
-        that is complete is committed with no await after its screening.
+        that is complete is committed with no await after its screening. A plan takes every
+        binding from the handler as it is then (`cached`), not from the decisions awaited: one
+        removed meanwhile (this node already told, `on_removed`) is decided again.
         """
-        decided: dict[Key, Binding] = {}
         took: dict[Key, int] = {}  # how long each decision took (ns), for the audit log
         while True:
             missing: dict[Key, str] = {}
 
             def route(fresh: Sequence[Outgoing], missing: dict[Key, str] = missing) -> Sent | None:
-                plan = self._plan(fresh, decided, missing)
+                plan = self._plan(fresh, missing)
                 return None if plan is None else self._commit(fresh, plan, now_ns(), took)
 
             sent = route_once(self.core, batch, route)
             if sent is not None:
                 return sent
-            for key, (binding, ns) in (await self._decide(missing)).items():
-                decided[key] = binding
-                took[key] = ns
+            took.update(await self._decide(missing))
 
     def _plan(
         self,
         batch: Sequence[Outgoing],
-        decided: dict[Key, Binding],
         missing: dict[Key, str] | None,
     ) -> list[list[Target] | None] | None:
         """Targets of every message (None: the core's own routing), or None if one is missing.
@@ -153,7 +151,7 @@ class ClusteredSendPath:
                 if key is None or handler is None:
                     node = _node(cluster.choose(address, queue))
                 else:
-                    binding = decided.get((key, queue)) or handler.cached(key, queue)
+                    binding = handler.cached(key, queue)
                     if binding is None:
                         if missing is None:
                             return None
@@ -242,8 +240,8 @@ class ClusteredSendPath:
             ids.append(first or 0)
         return ids, total
 
-    async def _decide(self, missing: dict[Key, str]) -> dict[Key, tuple[Binding, int]]:
-        """Every missing decision and how long it took (ns), concurrently.
+    async def _decide(self, missing: dict[Key, str]) -> dict[Key, int]:
+        """Every missing decision, concurrently; how long each took (ns).
 
         Raises GroupingUnavailable if any does not come.
         """
@@ -265,22 +263,22 @@ class ClusteredSendPath:
             )
         keys = list(missing)
 
-        async def timed(group: str, queue: str) -> tuple[Binding, int]:
+        async def timed(group: str, queue: str) -> int:
             start = time.perf_counter_ns()
-            binding = await handler.decide(group, queue, missing[(group, queue)])
-            return binding, time.perf_counter_ns() - start
+            await handler.decide(group, queue, missing[(group, queue)])
+            return time.perf_counter_ns() - start
 
         answers = await asyncio.gather(
             *(timed(group, queue) for group, queue in keys), return_exceptions=True
         )
-        decided: dict[Key, tuple[Binding, int]] = {}
+        took: dict[Key, int] = {}
         for key, answer in zip(keys, answers, strict=True):
             if isinstance(answer, DecisionTimeout | HandlerUnavailable | BindingStoreError):
                 raise GroupingUnavailable(str(answer))
             if isinstance(answer, BaseException):
                 raise answer
-            decided[key] = answer
-        return decided
+            took[key] = answer
+        return took
 
     # ---- redistribution ---------------------------------------------------------------------
 
