@@ -27,6 +27,7 @@ from broker import logs
 from broker.config import GroupingHandlerSection
 from handler.local import LocalHandler
 from handler.remote import RemoteHandler
+from handler.service import GroupingServicer
 from pinmq_pb import grouping_pb2 as gpb
 from pinmq_pb import grouping_pb2_grpc as gpb_grpc
 
@@ -110,7 +111,7 @@ async def _local(data_dir: Path, conn: Any) -> None:
     handler = LocalHandler(section, LOCAL_NODE, data_dir)
     await handler.start()
     server = aio.server()
-    handler.add_to_server(server)
+    GroupingServicer(handler).add_to_server(server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     store = handler._store  # private: read for its commit count only

@@ -41,7 +41,7 @@ class Changes(Protocol):
 
 
 class RoutingBinding(Protocol):
-    """The binding that routed a grouped message (`handler.arbiter.Binding`)."""
+    """The binding that routed a grouped message (`handler.records.Binding`)."""
 
     group: str
     epoch: int

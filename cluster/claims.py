@@ -172,13 +172,20 @@ class GroupClaims:
                 await asyncio.sleep(RETRY_S)
 
     def _settle_all(self, claims: list[Claim], answers: list[object]) -> list[Claim]:
-        """Apply the decisions; returns the claims left without one."""
+        """Apply the decisions the handler still holds; returns the claims left without one.
+
+        A binding removed while its answer was on the way (this node was told: `removed`) is
+        not acted on: the group stays held and is decided again.
+        """
         kept = moved = groups = 0
         failed: list[str] = []
         unanswered: list[Claim] = []
         for claim, answer in zip(claims, answers, strict=True):
             if isinstance(answer, Binding):
-                if answer.node == self.node_id:
+                queue, group = claim
+                if self.handler.cached(group, queue) != answer:
+                    self._due[claim] = None  # removed since it was answered: ask again
+                elif answer.node == self.node_id:
                     kept += self._keep(claim)
                 else:
                     count = self._move(claim, answer.node)

@@ -85,7 +85,7 @@ class ClusteredSendPath:
         """
 
         def plan(fresh: Sequence[Outgoing]) -> list[list[Placement] | None] | None:
-            targets = self._plan(fresh, {}, None)
+            targets = self._plan(fresh, None)
             return None if targets is None else self._placements(fresh, targets, {})
 
         return unit.route(batch, plan, now_ns)
@@ -94,9 +94,10 @@ class ClusteredSendPath:
         """Await the batch's missing decisions (concurrently), then route all of it.
 
         Duplicates are screened out before each plan, so none waits for a decision; the plan
-        that is complete is routed with no await after its screening.
+        that is complete is routed with no await after its screening. A plan takes every
+        binding from the handler as it is then (`cached`), not from the decisions awaited: one
+        removed meanwhile (this node already told, `on_removed`) is decided again.
         """
-        decided: dict[Key, Binding] = {}
         took: dict[Key, int] = {}  # how long each decision took (ns), for the audit log
         while True:
             missing: dict[Key, str] = {}
@@ -104,20 +105,17 @@ class ClusteredSendPath:
             def plan(
                 fresh: Sequence[Outgoing], missing: dict[Key, str] = missing
             ) -> list[list[Placement] | None] | None:
-                targets = self._plan(fresh, decided, missing)
+                targets = self._plan(fresh, missing)
                 return None if targets is None else self._placements(fresh, targets, took)
 
             ids = unit.route(batch, plan, now_ns())
             if ids is not None:
                 return ids
-            for key, (binding, ns) in (await self._decide(missing)).items():
-                decided[key] = binding
-                took[key] = ns
+            took.update(await self._decide(missing))
 
     def _plan(
         self,
         batch: Sequence[Outgoing],
-        decided: dict[Key, Binding],
         missing: dict[Key, str] | None,
     ) -> list[list[Target] | None] | None:
         """Targets of every message (None: the core's own routing), or None if one is missing.
@@ -154,7 +152,7 @@ class ClusteredSendPath:
                 if key is None or handler is None:
                     node = _node(cluster.choose(address, queue))
                 else:
-                    binding = decided.get((key, queue)) or handler.cached(key, queue)
+                    binding = handler.cached(key, queue)
                     if binding is None:
                         if missing is None:
                             return None
@@ -223,8 +221,8 @@ class ClusteredSendPath:
             out.append(places)
         return out
 
-    async def _decide(self, missing: dict[Key, str]) -> dict[Key, tuple[Binding, int]]:
-        """Every missing decision and how long it took (ns), concurrently.
+    async def _decide(self, missing: dict[Key, str]) -> dict[Key, int]:
+        """Every missing decision, concurrently; how long each took (ns).
 
         Raises GroupingUnavailable if any does not come.
         """
@@ -246,22 +244,22 @@ class ClusteredSendPath:
             )
         keys = list(missing)
 
-        async def timed(group: str, queue: str) -> tuple[Binding, int]:
+        async def timed(group: str, queue: str) -> int:
             start = time.perf_counter_ns()
-            binding = await handler.decide(group, queue, missing[(group, queue)])
-            return binding, time.perf_counter_ns() - start
+            await handler.decide(group, queue, missing[(group, queue)])
+            return time.perf_counter_ns() - start
 
         answers = await asyncio.gather(
             *(timed(group, queue) for group, queue in keys), return_exceptions=True
         )
-        decided: dict[Key, tuple[Binding, int]] = {}
+        took: dict[Key, int] = {}
         for key, answer in zip(keys, answers, strict=True):
             if isinstance(answer, DecisionTimeout | HandlerUnavailable | BindingStoreError):
                 raise GroupingUnavailable(str(answer))
             if isinstance(answer, BaseException):
                 raise answer
-            decided[key] = answer
-        return decided
+            took[key] = answer
+        return took
 
     # ---- redistribution ---------------------------------------------------------------------
 

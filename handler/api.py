@@ -3,8 +3,11 @@
 The send path calls `cached()` first (synchronous, no I/O: the per-message cost) and only on
 a miss awaits `decide()` with the instance its router picked. The cluster topology reports
 queue instances with `instance_seen` / `instance_deleted` (only the LOCAL handler acts on
-them) and hosts the gRPC service with `add_to_server`. `on_removed` callbacks let the node
-unpin a group whose binding went away.
+them); an ha primary replicates the LOCAL handler's `bindings_store`. `on_removed` callbacks
+let the node unpin a group whose binding went away.
+
+The interface imports nothing of either handler (an import-linter contract in pyproject.toml):
+the LOCAL one's gRPC service is built and hosted by `handler/factory.py`.
 """
 
 from __future__ import annotations
@@ -16,10 +19,10 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import structlog
 
-from handler.arbiter import Binding
+from handler.records import Binding
 
 if TYPE_CHECKING:
-    from grpc import aio
+    from handler.bindings import BindingStore
 
 __all__ = [
     "LIST_LIMIT",
@@ -83,7 +86,10 @@ class GroupingHandler(abc.ABC):
     async def decide(self, group: str, queue: str, proposal_node: str) -> Binding:
         """The binding for (group, queue); proposes `proposal_node` if there is none.
 
-        Raises `DecisionTimeout` when no decision arrives within the configured timeout.
+        Raises `DecisionTimeout` when no decision arrives within the configured timeout. The
+        answer holds when given: a caller acting on it after further awaits reads it again
+        with `cached()` in the step that acts, since a removal may have been reported
+        (`on_removed`) in between.
         """
 
     @abc.abstractmethod
@@ -116,8 +122,10 @@ class GroupingHandler(abc.ABC):
         earlier snapshot and missing from this one counts as deleted.
         """
 
-    def add_to_server(self, server: aio.Server) -> None:  # noqa: B027
-        """Host this handler's gRPC service, if it has one, on the cluster's server."""
+    @property
+    def bindings_store(self) -> BindingStore | None:
+        """The bindings file this handler keeps, once started; None for REMOTE (no file)."""
+        return None
 
     def on_removed(self, callback: RemovedCallback) -> None:
         """Call `callback(binding, reason)` on the event loop for every removed binding."""

@@ -17,33 +17,10 @@ binding table in last-use order, so `reap` costs O(removed) instead of a scan of
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
-Key = tuple[str, str]  # (group, queue)
-Instance = tuple[str, str]  # (queue, node)
+from handler.records import Binding, Instance, Key
+
 _MS = 1_000_000
-
-
-@dataclass(frozen=True, slots=True)
-class Binding:
-    """A decided route: messages of `group` sent to `queue` go to the instance on `node`.
-
-    `epoch` is the term of the arbiter that accepted it; answers of an older epoch never win
-    over newer ones.
-    """
-
-    group: str
-    queue: str
-    node: str
-    epoch: int
-
-    @property
-    def key(self) -> Key:
-        return (self.group, self.queue)
-
-    @property
-    def instance(self) -> Instance:
-        return (self.queue, self.node)
 
 
 class _Entry:

@@ -27,7 +27,7 @@ import structlog
 
 from broker import sqlite_file
 from broker.sqlite_file import Request, Requests
-from handler.arbiter import Binding, Key
+from handler.records import Binding, Key
 
 log = structlog.get_logger(__name__)
 

@@ -1,10 +1,11 @@
-"""The LOCAL grouping handler: the arbiter behind a durable store, a reaper and a gRPC service.
+"""The LOCAL grouping handler: the arbiter behind a durable store and a reaper.
 
 Exactly one node of a cluster runs it. Its own node asks it directly (`cached` / `decide`);
-REMOTE nodes ask over `pinmq.grouping.v1.GroupingHandler`, hosted on the cluster's gRPC server
-through `add_to_server`. A new binding is written to `<data-dir>/bindings.db` before anyone
-(caller or RPC) is told about it, and a concurrent proposal for a key whose write is still in
-flight waits for that same write, so no answer ever names a binding a crash could forget.
+REMOTE nodes ask over `pinmq.grouping.v1.GroupingHandler`, served from this class by
+`handler/service.py` on the cluster's gRPC server. A new binding is written to
+`<data-dir>/bindings.db` before anyone (caller or RPC) is told about it, and a concurrent
+proposal for a key whose write is still in flight waits for that same write, so no answer ever
+names a binding a crash could forget.
 
 Removals (reaped, unbound, instance deleted, instance absent) are deleted from disk without
 waiting (if a crash loses the delete, the binding comes back and is removed again later),
@@ -25,12 +26,10 @@ import functools
 import itertools
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-import grpc
 import structlog
-from grpc import aio
 
 from broker.config import GroupingHandlerSection
 from handler.api import (
@@ -41,28 +40,18 @@ from handler.api import (
     HandlerUnavailable,
     RemovalReason,
 )
-from handler.arbiter import Arbiter, Binding, Key
-from handler.bindings import FILE_NAME, BindingStore, BindingStoreError
-from pinmq_pb import grouping_pb2 as pb
-from pinmq_pb import grouping_pb2_grpc as pb_grpc
+from handler.arbiter import Arbiter
+from handler.bindings import FILE_NAME, BindingStore
+from handler.records import Binding, Key
 
 log = structlog.get_logger(__name__)
 
-SUBSCRIBED = ("pinmq-subscribed", "1")  # initial metadata of a Removals stream once it is live
-HEARTBEAT_S = 5.0  # an idle Removals stream sends an empty Removal this often
 MAX_REMOVAL_BACKLOG = 100_000  # a subscriber further behind is cut off (it resubscribes)
+BoundTo = tuple[str, str, str]  # (group, queue, node): a binding as a REMOTE node holds it
 _MS = 1_000_000
-_EMPTY_FIELDS = "group, queue and node must not be empty"
-
-REASON_TO_PB = {
-    RemovalReason.REAPED: pb.REASON_REAPED,
-    RemovalReason.UNBOUND: pb.REASON_UNBOUND,
-    RemovalReason.INSTANCE_DELETED: pb.REASON_INSTANCE_DELETED,
-    RemovalReason.INSTANCE_ABSENT: pb.REASON_INSTANCE_ABSENT,
-}
 
 
-class _Subscriber:
+class Subscriber:
     """One Removals stream: its backlog, and whether it fell too far behind or must end."""
 
     __slots__ = ("closed", "event", "items", "node", "overflow")
@@ -105,11 +94,10 @@ class LocalHandler(GroupingHandler):
         self._clock = clock  # wall clock: last uses are listed as unix times
         self._store: BindingStore | None = None
         self._pending: dict[Key, asyncio.Future[None]] = {}  # key -> write of its new binding
-        self._subscribers: set[_Subscriber] = set()
+        self._subscribers: set[Subscriber] = set()
         self._reaper: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
         self._reported: set[tuple[str, str]] = set()  # instances of the last snapshot
-        self.servicer: GroupingServicer | None = None  # once hosted (add_to_server)
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -140,10 +128,6 @@ class LocalHandler(GroupingHandler):
         if self._store is not None:
             await self._store.close()
             self._store = None
-
-    def add_to_server(self, server: aio.Server) -> None:
-        self.servicer = GroupingServicer(self)
-        pb_grpc.add_GroupingHandlerServicer_to_server(self.servicer, server)
 
     # ---- decisions ----------------------------------------------------------------------
 
@@ -192,7 +176,6 @@ class LocalHandler(GroupingHandler):
 
     @property
     def bindings_store(self) -> BindingStore | None:
-        """The bindings file once started (ha: the primary replicates it)."""
         return self._store
 
     def _require(self) -> BindingStore:
@@ -235,17 +218,18 @@ class LocalHandler(GroupingHandler):
             self.instance_deleted(queue, node)
         self._reported = set(instances)
 
-    def touch_keys(self, keys: list[pb.Key], validate_only: bool) -> list[pb.Key]:
+    def touch_keys(self, keys: Iterable[BoundTo], validate_only: bool) -> list[BoundTo]:
         """A REMOTE's bindings in use: touch those it has right; return the ones it has wrong."""
-        stale: list[pb.Key] = []
+        stale: list[BoundTo] = []
         fresh: list[Key] = []
         lookup = self.arbiter.lookup
         for k in keys:
-            binding = lookup(k.group, k.queue)
-            if binding is None or binding.node != k.node:
+            group, queue, node = k
+            binding = lookup(group, queue)
+            if binding is None or binding.node != node:
                 stale.append(k)
             elif not validate_only:
-                fresh.append((k.group, k.queue))
+                fresh.append((group, queue))
         if fresh:
             self.arbiter.touch(fresh, self._clock())
         return stale
@@ -262,12 +246,12 @@ class LocalHandler(GroupingHandler):
         log.info("bindings removed", reason=str(reason), count=len(removed))
         self._notify(removed, reason)
 
-    def subscribe(self, node: str) -> _Subscriber:
-        sub = _Subscriber(node)
+    def subscribe(self, node: str) -> Subscriber:
+        sub = Subscriber(node)
         self._subscribers.add(sub)
         return sub
 
-    def unsubscribe(self, sub: _Subscriber) -> None:
+    def unsubscribe(self, sub: Subscriber) -> None:
         self._subscribers.discard(sub)
 
     @property
@@ -305,154 +289,3 @@ class LocalHandler(GroupingHandler):
 def _log_failed_delete(write: asyncio.Future[None]) -> None:
     if not write.cancelled() and write.exception() is not None:
         log.warning("binding removal not stored", error=str(write.exception()))
-
-
-def _reply(binding: Binding, accepted: bool, arbiter_epoch: int) -> pb.BindingReply:
-    return pb.BindingReply(
-        group=binding.group,
-        queue=binding.queue,
-        node=binding.node,
-        epoch=binding.epoch,
-        accepted=accepted,
-        arbiter_epoch=arbiter_epoch,
-    )
-
-
-class GroupingServicer(pb_grpc.GroupingHandlerServicer):
-    """`pinmq.grouping.v1.GroupingHandler` over a LocalHandler."""
-
-    def __init__(self, handler: LocalHandler) -> None:
-        self.handler = handler
-        self.proposals = 0  # proposals received, by Propose and ProposeStream
-        self.batches = 0  # ProposeStream batches received
-
-    async def Propose(
-        self, request: pb.ProposeRequest, context: aio.ServicerContext
-    ) -> pb.BindingReply:
-        self.proposals += 1
-        decision = await self._decision(request)
-        if decision.error:
-            invalid = decision.error == _EMPTY_FIELDS
-            code = grpc.StatusCode.INVALID_ARGUMENT if invalid else grpc.StatusCode.UNAVAILABLE
-            await context.abort(code, decision.error)
-        return decision.binding
-
-    async def ProposeStream(
-        self, request_iterator: AsyncIterator[pb.ProposeBatch], context: aio.ServicerContext
-    ) -> AsyncIterator[pb.DecisionBatch]:
-        """Every proposal is decided at once; answers leave in batches as they become durable."""
-        done: list[pb.Decision] = []
-        ready = asyncio.Event()
-        deciding: set[asyncio.Task[None]] = set()
-        reading = True
-
-        async def answer(request: pb.ProposeRequest) -> None:
-            done.append(await self._decision(request))
-            ready.set()
-
-        async def read() -> None:
-            nonlocal reading
-            try:
-                async for batch in request_iterator:
-                    self.batches += 1
-                    self.proposals += len(batch.proposals)
-                    for request in batch.proposals:
-                        task = asyncio.create_task(answer(request))
-                        deciding.add(task)
-                        task.add_done_callback(deciding.discard)
-            finally:
-                reading = False
-                ready.set()
-
-        reader = asyncio.create_task(read())
-        try:
-            while reading or deciding or done:
-                await ready.wait()
-                ready.clear()
-                if done:
-                    batch, done[:] = list(done), []
-                    yield pb.DecisionBatch(decisions=batch)
-            await reader  # a failed read ends the call with its error
-        finally:
-            for task in (reader, *deciding):
-                task.cancel()
-
-    async def _decision(self, request: pb.ProposeRequest) -> pb.Decision:
-        if not (request.group and request.queue and request.node):
-            return pb.Decision(id=request.id, error=_EMPTY_FIELDS)
-        try:
-            binding, accepted = await self.handler.propose(
-                request.group, request.queue, request.node
-            )
-        except (BindingStoreError, DecisionTimeout, HandlerUnavailable) as err:
-            return pb.Decision(id=request.id, error=str(err))
-        epoch = self.handler.arbiter.epoch
-        return pb.Decision(id=request.id, binding=_reply(binding, accepted, epoch))
-
-    async def Touch(self, request: pb.TouchRequest, context: aio.ServicerContext) -> pb.TouchReply:
-        stale = self.handler.touch_keys(list(request.keys), request.validate_only)
-        return pb.TouchReply(stale=stale, arbiter_epoch=self.handler.arbiter.epoch)
-
-    async def Removals(
-        self, request: pb.RemovalsRequest, context: aio.ServicerContext
-    ) -> AsyncIterator[pb.Removal]:
-        sub = self.handler.subscribe(request.node)
-        epoch = self.handler.arbiter.epoch
-        log.info("removals subscriber joined", subscriber=request.node)
-        try:
-            await context.send_initial_metadata((SUBSCRIBED,))
-            while True:
-                try:
-                    async with asyncio.timeout(HEARTBEAT_S):
-                        await sub.event.wait()
-                except TimeoutError:
-                    yield pb.Removal(arbiter_epoch=epoch)  # heartbeat: notices a dead link
-                    continue
-                sub.event.clear()
-                if sub.overflow:
-                    await context.abort(
-                        grpc.StatusCode.RESOURCE_EXHAUSTED,
-                        f"more than {MAX_REMOVAL_BACKLOG} removals not yet read: resubscribe",
-                    )
-                while sub.items:
-                    binding, reason = sub.items.popleft()
-                    yield pb.Removal(
-                        group=binding.group,
-                        queue=binding.queue,
-                        node=binding.node,
-                        epoch=binding.epoch,
-                        reason=REASON_TO_PB[reason],
-                        arbiter_epoch=epoch,
-                    )
-                if sub.closed:
-                    return
-        finally:
-            self.handler.unsubscribe(sub)
-            log.info("removals subscriber left", subscriber=request.node)
-
-    async def List(self, request: pb.ListRequest, context: aio.ServicerContext) -> pb.ListReply:
-        listed = await self.handler.list_bindings(request.group or None, request.limit)
-        return pb.ListReply(
-            bindings=[
-                pb.BindingInfo(
-                    group=b.group,
-                    queue=b.queue,
-                    node=b.node,
-                    epoch=b.epoch,
-                    last_use_unix_ms=last_use,
-                )
-                for b, last_use in listed
-            ]
-        )
-
-    async def Unbind(
-        self, request: pb.UnbindRequest, context: aio.ServicerContext
-    ) -> pb.UnbindReply:
-        if not request.group:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "group must not be empty")
-        queue = request.queue if request.HasField("queue") else None
-        try:
-            removed = await self.handler.unbind(request.group, queue)
-        except HandlerUnavailable as err:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
-        return pb.UnbindReply(removed=removed)

@@ -39,9 +39,9 @@ from handler.api import (
     HandlerUnavailable,
     RemovalReason,
 )
-from handler.arbiter import Binding, Key
-from handler.local import HEARTBEAT_S, REASON_TO_PB, SUBSCRIBED
 from handler.proposals import ProposalRefused, ProposalStream, StreamEnded
+from handler.records import Binding, Key
+from handler.wire import HEARTBEAT_S, PB_TO_REASON, SUBSCRIBED, to_binding
 from pinmq_pb import grouping_pb2 as pb
 from pinmq_pb import grouping_pb2_grpc as pb_grpc
 
@@ -50,7 +50,6 @@ log = structlog.get_logger(__name__)
 TOUCH_BATCH = 10_000  # keys per Touch call
 SILENCE_S = 3 * HEARTBEAT_S  # a Removals stream this quiet is dead: reconnect
 _MS = 1_000_000
-_PB_TO_REASON = {v: k for k, v in REASON_TO_PB.items()}
 
 
 class _Cached:
@@ -179,7 +178,7 @@ class RemoteHandler(GroupingHandler):
                         except (ProposalRefused, StreamEnded) as err:
                             why = f"the LOCAL grouping handler at {self._target}: {err}"
                         else:
-                            binding = Binding(reply.group, reply.queue, reply.node, reply.epoch)
+                            binding = to_binding(reply)
                             if not self._current(reply.arbiter_epoch):
                                 why = self._stale(reply.arbiter_epoch)
                             elif binding in flight.removed:  # removed before the answer came
@@ -227,10 +226,7 @@ class RemoteHandler(GroupingHandler):
         self, group: str | None = None, limit: int = LIST_LIMIT
     ) -> list[BindingUse]:
         reply = await self._admin("List", pb.ListRequest(group=group or "", limit=limit))
-        return [
-            BindingUse(Binding(b.group, b.queue, b.node, b.epoch), b.last_use_unix_ms)
-            for b in reply.bindings
-        ]
+        return [BindingUse(to_binding(b), b.last_use_unix_ms) for b in reply.bindings]
 
     async def unbind(self, group: str, queue: str | None = None) -> int:
         request = pb.UnbindRequest(group=group)
@@ -331,7 +327,7 @@ class RemoteHandler(GroupingHandler):
             await asyncio.sleep(self._reconnect_s)
 
     def _on_removal(self, removal: pb.Removal) -> None:
-        binding = Binding(removal.group, removal.queue, removal.node, removal.epoch)
+        binding = to_binding(removal)
         key = binding.key
         entry = self._cache.get(key)
         if entry is not None and entry.binding == binding:
@@ -339,7 +335,7 @@ class RemoteHandler(GroupingHandler):
         flight = self._flights.get(key)
         if flight is not None:
             flight.removed.add(binding)
-        self._notify([binding], _PB_TO_REASON.get(removal.reason, RemovalReason.UNBOUND))
+        self._notify([binding], PB_TO_REASON.get(removal.reason, RemovalReason.UNBOUND))
 
     async def _validate(self) -> None:
         """Drop every cached binding the LOCAL node does not hold (a removal we missed)."""

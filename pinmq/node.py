@@ -34,7 +34,6 @@ from cluster.topology import Topology
 from handler.api import Binding, GroupingHandler, RemovalReason
 from handler.bindings import BindingStoreError
 from handler.factory import make_handler
-from handler.local import LocalHandler
 from pinmq.grpc_api import make_server, mark_serving
 from pinmq.http import HttpServer
 from pinmq.stomp.server import StompServer
@@ -181,7 +180,9 @@ class Node:
         self.cluster = cluster = ClusterNode(engine)
         cluster.pair = self.pair
         epoch = self.pair.epoch if self.pair is not None else 1  # fixed while it serves
-        self.handler = make_handler(self.config, cluster.locate_local_handler, epoch)
+        self.handler = make_handler(
+            self.config, cluster.locate_local_handler, cluster.add_servicer, epoch
+        )
         self.sending = self.clustered = ClusteredSendPath(engine, cluster, self.handler)
         grouping = self.config.grouping_handler
         if self.handler is not None and grouping is not None:
@@ -200,7 +201,6 @@ class Node:
             except BindingStoreError as err:
                 await self.stop(0)
                 raise StartupError(str(err)) from None
-            cluster.add_servicer(handler.add_to_server)
             self._replicate(cluster, handler)
             handler.on_removed(self._binding_removed)
             if self.claims is not None:
@@ -221,11 +221,9 @@ class Node:
     def _replicate(self, cluster: ClusterNode, handler: GroupingHandler) -> None:
         """ha, the active process: every write of the store and the bindings goes to the
         backup too, and only while this process holds the node (`PairShell` is the gate)."""
-        ha, pair = self.config.ha, self.pair
-        if ha is None or pair is None or not isinstance(handler, LocalHandler):
+        ha, pair, bindings = self.config.ha, self.pair, handler.bindings_store
+        if ha is None or pair is None or bindings is None:  # no bindings file: REMOTE
             return
-        bindings = handler.bindings_store
-        assert bindings is not None  # started
         sources = {"store": self.engine.store, "bindings": bindings}
         cluster.replicator = Replicator(self.config.node.id, sources, ha.failure_timeout, pair)
 

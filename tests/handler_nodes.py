@@ -19,6 +19,7 @@ from grpc import aio
 from broker.config import GroupingHandlerSection
 from handler.local import LocalHandler
 from handler.remote import RemoteHandler
+from handler.service import GroupingServicer
 
 WAIT_S = 10.0
 
@@ -52,6 +53,7 @@ class LocalNode:
 
     def __init__(self, handler: LocalHandler) -> None:
         self.handler = handler
+        self.servicer = GroupingServicer(handler)
         self.counter = CallCounter()
         self.port = 0
         self.server: aio.Server | None = None
@@ -62,7 +64,7 @@ class LocalNode:
 
     async def serve(self) -> None:
         self.server = aio.server(interceptors=[self.counter])
-        self.handler.add_to_server(self.server)
+        self.servicer.add_to_server(self.server)
         self.port = self.server.add_insecure_port(f"127.0.0.1:{self.port}")
         await self.server.start()
 
@@ -73,9 +75,8 @@ class LocalNode:
 
     @property
     def proposals(self) -> int:
-        """Proposals that reached this server, by Propose or ProposeStream."""
-        assert self.handler.servicer is not None
-        return self.handler.servicer.proposals
+        """Proposals that reached this service, by Propose or ProposeStream."""
+        return self.servicer.proposals
 
     def last_use(self, group: str, queue: str) -> int | None:
         for b, last_use in self.handler.arbiter.bindings():

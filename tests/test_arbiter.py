@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from handler.arbiter import Arbiter, Binding
+from handler.arbiter import Arbiter
+from handler.records import Binding
 
 MS = 1_000_000
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import re
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,9 @@ from handler.api import (
 )
 from handler.bindings import BindingStoreError
 from handler.factory import make_handler
-from handler.local import SUBSCRIBED, LocalHandler
+from handler.local import LocalHandler
 from handler.remote import RemoteHandler
+from handler.wire import SUBSCRIBED
 from pinmq_pb import grouping_pb2 as pb
 from pinmq_pb import grouping_pb2_grpc as pb_grpc
 
@@ -228,16 +230,42 @@ async def test_propose_rejects_empty_fields(tmp_path: Path) -> None:
 # ---- wiring ----------------------------------------------------------------------------------
 
 
-async def test_make_handler_follows_the_config(tmp_path: Path) -> None:
+async def test_make_handler_follows_the_config_and_hosts_the_local_service(
+    tmp_path: Path,
+) -> None:
     def config(extra: dict[str, Any]) -> NodeConfig:
         return NodeConfig.model_validate({"node": {"id": "n1", "data-dir": str(tmp_path)}, **extra})
 
-    assert make_handler(config({}), lambda: None) is None
-    local = make_handler(config({"grouping-handler": {"type": "LOCAL"}}), lambda: None)
-    assert isinstance(local, LocalHandler)
-    assert local.path == tmp_path / "bindings.db"
+    hosted: list[Callable[[aio.Server], None]] = []
+    assert make_handler(config({}), lambda: None, hosted.append) is None
     remote = make_handler(
-        config({"grouping-handler": {"type": "REMOTE", "timeout": 1234}}), lambda: None
+        config({"grouping-handler": {"type": "REMOTE", "timeout": 1234}}),
+        lambda: None,
+        hosted.append,
     )
     assert isinstance(remote, RemoteHandler)
     assert remote.config.timeout == 1234
+    assert remote.bindings_store is None
+    assert hosted == []  # a REMOTE node serves no grouping service
+
+    local = make_handler(
+        config({"grouping-handler": {"type": "LOCAL"}}), lambda: None, hosted.append
+    )
+    assert isinstance(local, LocalHandler)
+    assert local.path == tmp_path / "bindings.db"
+    assert len(hosted) == 1
+    await local.start()
+    server = aio.server()
+    try:
+        hosted[0](server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        assert local.bindings_store is not None
+        async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.GroupingHandlerStub(channel)
+            reply = await stub.Propose(pb.ProposeRequest(group="g", queue="q", node="n2"))
+        assert local.cached("g", "q") == Binding("g", "q", "n2", 1)  # the hosted one answered
+        assert (reply.node, reply.accepted) == ("n2", True)
+    finally:
+        await server.stop(None)
+        await local.stop()

@@ -96,8 +96,7 @@ async def test_concurrent_new_groups_share_one_stream_in_batches(tmp_path: Path)
         )
         assert local.counter.calls["ProposeStream"] == 1 and local.counter.calls["Propose"] == 0
         assert local.proposals == len(groups)
-        assert local.handler.servicer is not None
-        assert local.handler.servicer.batches < len(groups)  # proposals travelled together
+        assert local.servicer.batches < len(groups)  # proposals travelled together
 
 
 async def test_a_restarted_local_server_is_reached_on_a_new_stream(tmp_path: Path) -> None:

@@ -42,9 +42,9 @@ from cluster import replica, replication
 from cluster.connector import SERVER_OPTIONS
 from cluster.replica import SWAP_MARKER, SYNC_SUFFIX, Follower
 from cluster.replication import Replicator
-from handler.arbiter import Binding
 from handler.bindings import FILE_NAME as BINDINGS_FILE
 from handler.bindings import BindingStore
+from handler.records import Binding
 from pinmq_pb import cluster_pb2 as pb
 from pinmq_pb import cluster_pb2_grpc as pb_grpc
 
