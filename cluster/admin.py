@@ -40,7 +40,7 @@ PEER_TIMEOUT_S = 5.0
 
 
 class GroupsHost(Protocol):
-    """What the group listings need of the cluster node (`cluster/node.py`)."""
+    """What the group listings need of the cluster member (`cluster/member.py`)."""
 
     engine: LocalEngine
     node_id: str

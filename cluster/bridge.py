@@ -50,7 +50,7 @@ class Admission(Protocol):
 
 
 class BridgeHost(Protocol):
-    """What forwarding needs of the cluster member that runs it (`cluster/node.py`)."""
+    """What forwarding needs of the cluster member that runs it (`cluster/member.py`)."""
 
     engine: LocalEngine
     node_id: str

@@ -36,7 +36,7 @@ from broker.message import Outgoing
 from broker.unit import Placement, Unit
 from cluster.bridge import SF_PREFIX
 from cluster.local import LocalEngine
-from cluster.node import ClusterNode
+from cluster.member import ClusterMember
 from handler.api import Binding, DecisionTimeout, GroupingHandler, HandlerUnavailable, RemovalReason
 from handler.bindings import BindingStoreError
 
@@ -54,7 +54,7 @@ class GroupClaims:
     def __init__(
         self,
         engine: LocalEngine,
-        cluster: ClusterNode,
+        cluster: ClusterMember,
         handler: GroupingHandler,
         grouping: GroupingHandlerSection,
     ) -> None:

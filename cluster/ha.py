@@ -102,7 +102,7 @@ def _caller(message: Message) -> str:
 
 
 class VoterRegistry:
-    """A cluster node's votes for every pair it hears from (`<data-dir>/ha-votes.json`).
+    """A cluster member's votes for every pair it hears from (`<data-dir>/ha-votes.json`).
 
     A promise lasts the pair's failure-timeout, which its messages carry; after a restart,
     until the pair is heard again, the longest that any config allows is assumed.

@@ -5,7 +5,7 @@ For an address the cluster does not cover, a message goes through `BrokerCore.se
 on a standalone node. On a clustered address every target queue of
 the message (one for anycast, each queue for multicast) gets an instance `queue@node`:
 
-- ungrouped (or no grouping handler covers the address): `ClusterNode.choose`;
+- ungrouped (or no grouping handler covers the address): `ClusterMember.choose`;
 - grouped: the grouping handler's binding of (group key, queue). A binding known without I/O
   (`cached`) routes at once; otherwise the node proposes what `choose` picks and awaits the
   decision (`decide`), which may take up to the handler's `timeout`.
@@ -46,7 +46,7 @@ from broker.message import Outgoing
 from broker.unit import Placement, Unit
 from cluster.bridge import SF_PREFIX
 from cluster.local import LocalEngine
-from cluster.node import ClusterNode
+from cluster.member import ClusterMember
 from cluster.topology import Instance
 from handler.api import Binding, DecisionTimeout, GroupingHandler, HandlerUnavailable
 from handler.bindings import BindingStoreError
@@ -67,7 +67,7 @@ class ClusteredSendPath:
     """The send path of a clustered node; both client shells call it through the seam."""
 
     def __init__(
-        self, engine: LocalEngine, cluster: ClusterNode, handler: GroupingHandler | None
+        self, engine: LocalEngine, cluster: ClusterMember, handler: GroupingHandler | None
     ) -> None:
         self.engine = engine
         self.cluster = cluster
@@ -168,7 +168,7 @@ class ClusteredSendPath:
             plan.append(targets)
         return None if missing else plan
 
-    def _queues(self, cluster: ClusterNode, address: str) -> list[tuple[str, QueueConfig]]:
+    def _queues(self, cluster: ClusterMember, address: str) -> list[tuple[str, QueueConfig]]:
         """The queues a message to a clustered `address` goes to, with the settings that key it.
 
         Multicast: every queue of the address known in the cluster. Anycast: the address's one

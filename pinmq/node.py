@@ -27,7 +27,7 @@ from broker.sending import LocalSendPath, SendPath
 from cluster.admin import ClusterAdministration
 from cluster.claims import GroupClaims
 from cluster.ha import PairShell, grace_s
-from cluster.node import ClusterNode
+from cluster.member import ClusterMember
 from cluster.replication import Replicator
 from cluster.sending import ClusteredSendPath
 from cluster.topology import Topology
@@ -49,7 +49,7 @@ class _ClusterObserver:
     def __init__(
         self,
         engine: Engine,
-        cluster: ClusterNode,
+        cluster: ClusterMember,
         sending: ClusteredSendPath,
         handler: GroupingHandler | None,
     ) -> None:
@@ -83,7 +83,7 @@ class Node:
         self.engine = Engine(config, pair.may_serve if pair is not None else None)
         self.sending: SendPath = LocalSendPath()
         self.clustered: ClusteredSendPath | None = None  # the send path, when clustered
-        self.cluster: ClusterNode | None = None  # set by start() when `cluster` is configured
+        self.cluster: ClusterMember | None = None  # set by start() when `cluster` is configured
         self.handler: GroupingHandler | None = None  # set with the cluster, if configured
         self.claims: GroupClaims | None = None  # with a grouping handler
         self.problems: list[str] = []  # cluster misconfigurations, as last seen
@@ -177,7 +177,7 @@ class Node:
     def _build_cluster(self) -> None:
         """Cluster connections (cluster/), the grouping handler (handler/), the send path."""
         engine = self.engine
-        self.cluster = cluster = ClusterNode(engine)
+        self.cluster = cluster = ClusterMember(engine)
         cluster.pair = self.pair
         epoch = self.pair.epoch if self.pair is not None else 1  # fixed while it serves
         self.handler = make_handler(
@@ -218,7 +218,7 @@ class Node:
             await self.stop(0)
             raise StartupError(str(err)) from None
 
-    def _replicate(self, cluster: ClusterNode, handler: GroupingHandler) -> None:
+    def _replicate(self, cluster: ClusterMember, handler: GroupingHandler) -> None:
         """ha, the active process: every write of the store and the bindings goes to the
         backup too, and only while this process holds the node (`PairShell` is the gate)."""
         ha, pair, bindings = self.config.ha, self.pair, handler.bindings_store

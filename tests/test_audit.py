@@ -27,7 +27,7 @@ from broker.config_file import ConfigError, parse_config
 from broker.core import BrokerCore
 from broker.effects import Effects
 from broker.message import Outgoing
-from cluster.node import ClusterNode
+from cluster.member import ClusterMember
 from cluster.sending import ClusteredSendPath
 from handler.api import Binding
 from pipeline import history
@@ -293,7 +293,7 @@ async def test_the_send_path_writes_one_routed_event_per_message_and_target_queu
     audit = node_audit(config)
     assert audit is not None
     engine, handler = RecordingEngine(config, audit), ScriptedHandler()
-    cluster = ClusterNode(engine)
+    cluster = ClusterMember(engine)
     node = Node(engine, cluster, ClusteredSendPath(engine, cluster, handler))
     audit.start()
     peers(node, {"n2": {"orders": {"orders.a": 1, "orders.b": 1}}})  # only n2 has consumers

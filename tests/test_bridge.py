@@ -27,7 +27,7 @@ from broker.effects import Effects
 from broker.message import Message, Outgoing
 from broker.store import Store
 from cluster.bridge import FORWARD_HEADER, sf_queue
-from cluster.node import ClusterNode
+from cluster.member import ClusterMember
 from pinmq.node import Node
 from pinmq_pb import cluster_pb2 as cpb
 from pinmq_pb import cluster_pb2_grpc as cpb_grpc
@@ -155,7 +155,7 @@ class Sender:
             await node.stop(0)
 
     @property
-    def cluster(self) -> ClusterNode:
+    def cluster(self) -> ClusterMember:
         assert self.node is not None and self.node.cluster is not None
         return self.node.cluster
 

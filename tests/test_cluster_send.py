@@ -1,7 +1,7 @@
 """The clustered send path's decisions (cluster/sending.py), in process and without I/O.
 
 An engine without a store (tests/engine_harness.py: real units over a real core, whose
-commits are recorded) gets a real `ClusterNode` (its topology fed by hand, so
+commits are recorded) gets a real `ClusterMember` (its topology fed by hand, so
 routing is real) and a scripted grouping handler, wired as the node process wires them, so
 every decision can be checked on the Effects the `ClusteredSendPath` returns: which queue,
 which node, what is left untouched.
@@ -23,7 +23,7 @@ from broker.core import BrokerCore, CoreError
 from broker.effects import Effects
 from broker.message import DUPLICATE_ID_HEADER, GROUP_ID_HEADER, Outgoing
 from cluster.bridge import FORWARD_HEADER, sf_queue
-from cluster.node import ClusterNode
+from cluster.member import ClusterMember
 from cluster.sending import ClusteredSendPath, GroupingUnavailable
 from cluster.topology import NodeState
 from handler.api import Binding, DecisionTimeout, GroupingHandler, HandlerUnavailable
@@ -73,7 +73,7 @@ class Node:
     """The parts of a clustered node the send path works with."""
 
     engine: RecordingEngine
-    cluster: ClusterNode
+    cluster: ClusterMember
     sender: ClusteredSendPath
 
     @property
@@ -95,7 +95,7 @@ def make(tmp_path: Path) -> Iterator[Any]:
             }
         )
         engine = RecordingEngine(config)
-        cluster = ClusterNode(engine)
+        cluster = ClusterMember(engine)
         handler = ScriptedHandler()
         return Node(engine, cluster, ClusteredSendPath(engine, cluster, handler)), handler
 

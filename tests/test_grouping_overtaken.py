@@ -11,7 +11,7 @@ would), so the first decision waits on its write while the removal and the other
 proposal overtake it.
 
 An engine that is never started (its store opened on a temporary directory), a real
-`ClusterNode` whose topology is fed by hand, and a real LOCAL handler on a real bindings file.
+`ClusterMember` whose topology is fed by hand, and a real LOCAL handler on a real bindings file.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from broker.engine import Engine
 from broker.message import GROUP_ID_HEADER, Outgoing
 from cluster.bridge import sf_queue
 from cluster.claims import GroupClaims
-from cluster.node import ClusterNode
+from cluster.member import ClusterMember
 from cluster.sending import ClusteredSendPath
 from cluster.topology import NodeState
 from handler.local import LocalHandler
@@ -43,7 +43,7 @@ GROUP = {GROUP_ID_HEADER: "g"}
 @dataclass
 class Node:
     engine: Engine
-    cluster: ClusterNode
+    cluster: ClusterMember
     handler: LocalHandler
 
     def depth(self, queue: str) -> int:
@@ -62,7 +62,7 @@ async def node(tmp_path: Path) -> AsyncIterator[Node]:
     )
     engine = Engine(config)
     engine.open()
-    cluster = ClusterNode(engine)
+    cluster = ClusterMember(engine)
     topology = cluster.topology
     topology.update(NodeState(ME, f"{ME}:7701", "LOCAL", {}, 1, 1))
     topology.update(NodeState(OTHER, f"{OTHER}:7701", "REMOTE", {"orders": {"orders": 0}}, 1, 1))

@@ -1,4 +1,4 @@
-"""Clustered load balancing: the Router's policies and round robin, and ClusterNode.choose."""
+"""Clustered load balancing: the Router's policies and round robin, and ClusterMember.choose."""
 
 from __future__ import annotations
 
@@ -132,7 +132,7 @@ def test_distribution_is_even_over_the_eligible_instances(
     assert counts == {str(i): rounds for i in eligible}
 
 
-# ---- ClusterNode.choose on two in-process nodes ---------------------------------------------
+# ---- ClusterMember.choose on two in-process nodes ---------------------------------------------
 
 
 def _config(

@@ -1,10 +1,11 @@
-"""`ClusterNode`: a node's cluster connections, built by the node process when `cluster` is set.
+"""`ClusterMember`: a node as a member of its cluster, built by the node process when
+`cluster` is set (its engine is the node's core; an ha pair's logical node is `cluster/ha.py`).
 
 It owns the cluster gRPC server on `listen.cluster` (the Cluster service, plus whatever
 `add_servicer` registers, e.g. the grouping handler), one gossip link per connector, the
 `Topology` built from gossip, the `Router`, and a `Bridge` per peer with waiting messages.
 
-This node's own state is recomputed from the core when `local_changed()` is called and, as a
+This node's own state is recomputed from the engine's queues when `local_changed()` is called and, as a
 safety net for changes nobody reported, every `POLL_S`; bursts of changes coalesce into one
 announcement. Everything runs on the node's event loop, like the rest of the node.
 """
@@ -51,7 +52,7 @@ STOP_GRACE_S = 0.5
 Callback = Callable[[Topology], None]
 
 
-class ClusterNode:
+class ClusterMember:
     """The cluster side of one node. Create, `add_servicer(...)`, then `await start()`."""
 
     def __init__(self, engine: LocalEngine) -> None:
