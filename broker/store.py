@@ -6,7 +6,7 @@ Why SQLite in WAL mode
     inspect with the `sqlite3` shell, without writing a log format of our own. In WAL mode a
     commit is one sequential append to the `-wal` file plus one fsync; pages are copied back
     into the main file later by checkpoints, off the acknowledgement path, and readers (the
-    `load_*` calls) never block the writer.
+    `load_*` calls, `broker/store_reads.py`) never block the writer.
 
 Why group commit on one writer thread
     The fsync, not the SQL, is the cost of a durable write. Every `write()` queues its
@@ -51,12 +51,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -66,15 +65,13 @@ import structlog
 from broker import sqlite_file
 from broker.message import Message
 from broker.sqlite_file import Request, Requests
+from broker.store_reads import StoreError, StoreReads
 from broker.store_sql import (
     APPLICATION_ID,
     COUNT,
     SAVE_QUEUE,
     SCHEMA,
     SCHEMA_VERSION,
-    SELECT_BY_IDS,
-    SELECT_IDS,
-    SELECT_MESSAGES,
     UPSERT_MARK,
     IdKey,
     Key,
@@ -94,18 +91,13 @@ VACUUM_STEP_PAGES = 1024  # ~10-20 ms of work: the most a new write waits behind
 JOURNAL_SIZE_LIMIT = 16 * 1024 * 1024
 CACHE_KIB = 16 * 1024
 BUSY_TIMEOUT_MS = 5000
-IDS_PER_SELECT = 500  # msg ids bound in one SELECT (SQLite allows 32766 variables)
 FULL_RETRY_S = 0.2  # how often a write that found the disk full tries again
 
 # Request kinds handled by the writer thread.
 _WRITE, _SAVE_QUEUE_OP, _DELETE_QUEUE_OP, _CLOSE = range(4)
 
 
-class StoreError(Exception):
-    """A store operation failed; the message names the file and what is wrong."""
-
-
-class Store:
+class Store(StoreReads):
     """Persistent messages, queue definitions and duplicate ids of one node, in one SQLite file.
 
     Build with `Store.open(path)`. The sync `load_*` / `max_msg_id` calls are for start-up;
@@ -202,71 +194,9 @@ class Store:
     def _count_free(self, conn: sqlite3.Connection) -> None:
         self.free_bytes = conn.execute("PRAGMA freelist_count").fetchone()[0] * self._page_size
 
-    # ------------------------------------------------------------------ start-up reads
-
-    def load_queues(self) -> list[tuple[str, str, dict]]:
-        """(address, queue, settings) of every saved queue, in creation order."""
-        with self._reader() as conn:
-            rows = conn.execute("SELECT address, name, settings FROM queues ORDER BY id")
-            return [(address, name, json.loads(settings)) for address, name, settings in rows]
-
-    def load_messages(self) -> list[Message]:
-        """Every stored message ordered by (msg_id, queue), with its latest delivery count."""
-        return list(self.messages())
-
-    def messages(self) -> Iterator[Message]:
-        """`load_messages` one at a time, so a big store is never all in memory at once.
-
-        Multicast copies (same msg_id) share one body and headers object, as `copy_for` does.
-        """
-        with self._reader() as conn:
-            yield from _decode(conn.execute(SELECT_MESSAGES))
-
-    def read_ids(self, queue: str, wanted: Sequence[Sequence[int]]) -> list[list[Message]]:
-        """Per list of msg ids: those stored messages of `queue`, oldest first (paged
-        messages read back as room frees; any thread, one connection for the lot)."""
-        pages: list[list[Message]] = []
-        with self._reader() as conn:
-            for ids in wanted:
-                page: list[Message] = []
-                for i in range(0, len(ids), IDS_PER_SELECT):
-                    chunk = ids[i : i + IDS_PER_SELECT]
-                    sql = f"{SELECT_BY_IDS}({','.join('?' * len(chunk))}) ORDER BY msg_id"
-                    page += _decode(conn.execute(sql, (queue, *chunk)))
-                pages.append(page)
-        return pages
-
-    def load_marks(self) -> dict[str, int]:
-        """Per forwarding origin, the highest sequence stored here (see `write(marks=...)`)."""
-        with self._reader() as conn:
-            return dict(conn.execute("SELECT origin, seq FROM marks"))
-
-    def load_ids(self) -> list[tuple[str, str, int]]:
-        """(address, duplicate id, msg id) of every stored duplicate-detection id, oldest first."""
-        with self._reader() as conn:
-            return list(conn.execute(SELECT_IDS))
-
-    def store_id(self) -> int:
-        """A random number fixed when the store file was created: this store's identity."""
-        with self._reader() as conn:
-            return int(conn.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()[0])
-
     def max_msg_id(self) -> int:
         """Highest msg_id ever stored (also after its removal), so ids never repeat; 0 if none."""
         return self._max_id
-
-    @contextlib.contextmanager
-    def _reader(self) -> Iterator[sqlite3.Connection]:
-        try:
-            conn = sqlite_file.read_only(self.path)
-        except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: cannot open for reading: {exc}") from exc
-        try:
-            yield conn
-        except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: read failed: {exc}") from exc
-        finally:
-            conn.close()
 
     # ------------------------------------------------------------------ durable writes
 
@@ -542,27 +472,3 @@ class Store:
             except sqlite3.Error as exc:
                 error = StoreError(f"{self.path}: close failed: {exc}")
         sqlite_file.settle([request], [error])
-
-
-def _decode(rows: Iterable[tuple]) -> Iterator[Message]:
-    """Messages from SELECT_MESSAGES-shaped rows; consecutive copies share headers and body."""
-    last: tuple[int, str, dict[str, str], bytes] | None = None
-    for msg_id, queue_, address, text, count, grp, seq, enq, body in rows:
-        if last is not None and last[0] == msg_id and last[1] == text:
-            headers = last[2]
-            body = last[3] if last[3] == body else body
-        else:
-            headers = json.loads(text)
-        last = (msg_id, text, headers, body)
-        yield Message(
-            msg_id=msg_id,
-            queue=queue_,
-            address=address,
-            body=body,
-            headers=headers,
-            persistent=True,
-            delivery_count=count,
-            group=grp,
-            group_seq=seq,
-            enqueued_ns=enq,
-        )

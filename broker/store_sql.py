@@ -1,4 +1,4 @@
-"""The message store's on-disk format: schema, SQL statements, and messages as rows.
+"""The message store's on-disk format: schema, SQL statements, messages as rows and back.
 
 Kept apart from the writer thread (`broker/store.py`) so that what is on disk reads in one place.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from broker.message import Message
@@ -159,3 +159,27 @@ def apply_ids(conn: sqlite3.Connection, net: dict[IdKey, int | None]) -> int:
     if puts:
         conn.executemany(PUT_ID, puts)
     return deleted
+
+
+def read_messages(rows: Iterable[tuple]) -> Iterator[Message]:
+    """Messages from SELECT_MESSAGES-shaped rows; consecutive copies share headers and body."""
+    last: tuple[int, str, dict[str, str], bytes] | None = None
+    for msg_id, queue_, address, text, count, grp, seq, enq, body in rows:
+        if last is not None and last[0] == msg_id and last[1] == text:
+            headers = last[2]
+            body = last[3] if last[3] == body else body
+        else:
+            headers = json.loads(text)
+        last = (msg_id, text, headers, body)
+        yield Message(
+            msg_id=msg_id,
+            queue=queue_,
+            address=address,
+            body=body,
+            headers=headers,
+            persistent=True,
+            delivery_count=count,
+            group=grp,
+            group_seq=seq,
+            enqueued_ns=enq,
+        )
