@@ -14,10 +14,10 @@ Why group commit on one writer thread
     `MAX_BATCH_OPS` operations), applies it in call order in ONE transaction and fsyncs once,
     then resolves the waiting futures in call order. While it is fsyncing, new calls pile up
     and form the next batch, so throughput grows with concurrency instead of being one fsync
-    per message. The event loop never touches the disk: it only serialises rows and enqueues
-    them. Within a batch, operations on the same (queue, msg_id) are folded to their net
-    effect (an add and a remove in the same batch become a single delete of nothing), which
-    makes fast produce-consume cycles nearly free.
+    per message. The event loop never touches the disk: it only turns each call into a write
+    record (`broker/store_writes.py`) and enqueues it. Within a batch, operations on the same
+    (queue, msg_id) are folded to their net effect (an add and a remove in the same batch
+    become a single delete of nothing), which makes fast produce-consume cycles nearly free.
 
 What is fsynced when
     * `synchronous=FULL`: every transaction's WAL frames are fsynced before COMMIT returns, and
@@ -44,6 +44,11 @@ Refusing bad files
     store raises `StoreError` naming the path. All of these checks run on a read-only
     connection, so a rejected file is left byte-for-byte unchanged.
 
+Replicated writes (ha)
+    The primary's replication sees every write record in call order through `tap`, and a
+    backup's store applies them with `apply`: the records, not the writer's batches, are what
+    replication carries (`cluster/replication_wire.py`).
+
 Not handled here: two processes opening the same file (guard the data directory instead).
 """
 
@@ -58,28 +63,21 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
 
 import structlog
 
-from broker import sqlite_file
+from broker import sqlite_file, store_sql
 from broker.message import Message
 from broker.sqlite_file import Request, Requests
 from broker.store_reads import StoreError, StoreReads
-from broker.store_sql import (
-    APPLICATION_ID,
-    COUNT,
-    SAVE_QUEUE,
-    SCHEMA,
-    SCHEMA_VERSION,
-    UPSERT_MARK,
-    IdKey,
-    Key,
-    Row,
-    apply_ids,
-    apply_net,
+from broker.store_sql import APPLICATION_ID, SCHEMA, SCHEMA_VERSION
+from broker.store_writes import (
+    MessageWrite,
+    QueueDeleted,
+    QueueSaved,
+    StoreWrite,
     dumps,
-    rows,
+    stored,
 )
 
 log = structlog.get_logger(__name__)
@@ -93,8 +91,8 @@ CACHE_KIB = 16 * 1024
 BUSY_TIMEOUT_MS = 5000
 FULL_RETRY_S = 0.2  # how often a write that found the disk full tries again
 
-# Request kinds handled by the writer thread.
-_WRITE, _SAVE_QUEUE_OP, _DELETE_QUEUE_OP, _CLOSE = range(4)
+# Request kinds handled by the writer thread: a `StoreWrite` record, or the close.
+_WRITE, _CLOSE = range(2)
 
 
 class Store(StoreReads):
@@ -124,8 +122,8 @@ class Store(StoreReads):
         self._max_id = 0
         self._deleted_since_compaction = 0
         self._compaction_wanted = False
-        # ha: the primary's replication sees every write request here, in call order
-        self.tap: sqlite_file.Tap | None = None
+        # ha: the primary's replication sees every write record here, in call order
+        self.tap: sqlite_file.Tap[StoreWrite] | None = None
 
     # ------------------------------------------------------------------ opening
 
@@ -222,22 +220,21 @@ class Store(StoreReads):
         durable together or not at all. `ids` keep (address, duplicate id, msg id) or forget
         (msg id None) duplicate-detection ids, in order, in the same transaction too.
         """
-        adds = rows(added)
-        dels = [(m.msg_id, m.queue) for m in removed if m.persistent]
-        upds = [(m.delivery_count, m.msg_id, m.queue) for m in updated if m.persistent]
-        upds += [(m.delivery_count + 1, m.msg_id, m.queue) for m in delivered if m.persistent]
-        ups = list(marks.items())
-        size = len(adds) + len(dels) + len(upds) + len(ups) + len(ids)
+        counts = [(m.delivery_count, m.msg_id, m.queue) for m in updated if m.persistent]
+        counts += [(m.delivery_count + 1, m.msg_id, m.queue) for m in delivered if m.persistent]
+        removals = [(m.msg_id, m.queue) for m in removed if m.persistent]
+        record = MessageWrite(stored(added), removals, counts, list(marks.items()), list(ids))
+        size = record.size
         if size:
-            await self._submit(Request(_WRITE, (adds, dels, upds, ups, list(ids)), size))
+            await self._submit(Request(_WRITE, record, size))
 
     async def save_queue(self, address: str, queue: str, settings: dict) -> None:
         """Create or replace a queue definition (JSON-serialisable settings), durably."""
-        await self._submit(Request(_SAVE_QUEUE_OP, (queue, address, dumps(settings)), 1))
+        await self._submit(_request(QueueSaved(queue, address, dumps(settings))))
 
     async def delete_queue(self, queue: str) -> None:
         """Remove a queue definition and all of its stored messages, durably."""
-        await self._submit(Request(_DELETE_QUEUE_OP, queue, 1))
+        await self._submit(_request(QueueDeleted(queue)))
 
     @property
     def is_open(self) -> bool:
@@ -262,7 +259,7 @@ class Store(StoreReads):
         if self._thread is None or self._closed:
             return
         self._compaction_wanted = True
-        self._requests.put(Request(_WRITE, ([], [], [], [], []), 0))  # wakes the writer; no waiter
+        self._requests.put(_request(MessageWrite()))  # a write of nothing wakes the writer
 
     def disk_bytes(self) -> int:
         """Bytes on disk: database file plus WAL file."""
@@ -275,13 +272,12 @@ class Store(StoreReads):
             raise StoreError(f"{self.path}: store is closed")
         return sqlite_file.snapshot(self._requests)
 
-    def replay(self, kind: int, payload: Any) -> asyncio.Future[None]:
-        """Apply a write request as the primary's tap saw it (ha: on the backup); enqueued
-        now, in call order, and durable once the future resolves."""
+    def apply(self, record: StoreWrite) -> asyncio.Future[None]:
+        """Apply a write record as another store's tap saw it (ha: the primary's, on the
+        backup); enqueued now, in call order, and durable once the future resolves."""
         if not self.is_open:
             raise StoreError(f"{self.path}: store is closed")
-        size = sum(map(len, payload)) if kind == _WRITE else 1
-        return sqlite_file.enqueue(self._requests, Request(kind, payload, size))
+        return sqlite_file.enqueue(self._requests, _request(record))
 
     async def _submit(self, request: Request, closing: bool = False) -> None:
         if self._closed and not closing:
@@ -290,7 +286,7 @@ class Store(StoreReads):
             raise StoreError(f"{self.path}: writer thread is not running")
         local = sqlite_file.enqueue(self._requests, request)
         # In the same step as the enqueue, so the backup sees writes in the order we apply them.
-        shipped = None if self.tap is None or closing else self.tap(request.kind, request.payload)
+        shipped = None if self.tap is None or closing else self.tap(request.payload)
         await local
         if shipped is not None:
             await shipped
@@ -365,47 +361,9 @@ class Store(StoreReads):
 
     def _transaction(self, conn: sqlite3.Connection, batch: list[Request]) -> None:
         """Apply a batch in call order as one transaction; raises after rolling back."""
-        max_id = self._max_id
-        deleted = 0
-        net: dict[Key, Row | int | None] = {}  # row: upsert, int: new count, None: delete
-        id_net: dict[IdKey, int | None] = {}  # msg id: keep (newest last), None: forget
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for request in batch:
-                if request.kind == _WRITE:
-                    adds, dels, upds, ups, ids = request.payload
-                    if ups:
-                        conn.executemany(UPSERT_MARK, ups)
-                    for address, dup_id, msg_id in ids:
-                        id_net.pop((address, dup_id), None)  # re-inserted: in order again
-                        id_net[(address, dup_id)] = msg_id
-                    for row in adds:
-                        net[(row[0], row[1])] = row
-                        max_id = max(max_id, row[0])
-                    for count, msg_id, queue_ in upds:
-                        key = (msg_id, queue_)
-                        current = net.get(key, 0)
-                        if type(current) is tuple:
-                            net[key] = (*current[:COUNT], count, *current[COUNT + 1 :])
-                        elif current is not None:  # a count after a delete stays deleted
-                            net[key] = count
-                    for key in dels:
-                        net[key] = None
-                    continue
-                # Queue operations see every earlier message operation applied first.
-                deleted += apply_net(conn, net)
-                net = {}
-                if request.kind == _SAVE_QUEUE_OP:
-                    conn.execute(SAVE_QUEUE, request.payload)
-                else:
-                    name = (request.payload,)
-                    cursor = conn.execute("DELETE FROM messages WHERE queue = ?", name)
-                    deleted += max(cursor.rowcount, 0)
-                    conn.execute("DELETE FROM queues WHERE name = ?", name)
-            deleted += apply_net(conn, net)
-            deleted += apply_ids(conn, id_net)
-            if max_id > self._max_id:
-                conn.execute("UPDATE meta SET value = ? WHERE key = 'max_msg_id'", (max_id,))
+            max_id, deleted = store_sql.apply(conn, [r.payload for r in batch], self._max_id)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
@@ -472,3 +430,8 @@ class Store(StoreReads):
             except sqlite3.Error as exc:
                 error = StoreError(f"{self.path}: close failed: {exc}")
         sqlite_file.settle([request], [error])
+
+
+def _request(record: StoreWrite) -> Request:
+    """A write record for the writer thread, counted by the operations it holds."""
+    return Request(_WRITE, record, record.size)
