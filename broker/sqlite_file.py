@@ -17,7 +17,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -220,9 +220,10 @@ class Request:
 
 Requests = queue.SimpleQueue[Request]
 
-# A write request as a replication tap sees it, in call order: (kind, payload). The tap answers
-# a future that resolves once the backup holds it (None: nothing to wait for).
-Tap = Callable[[int, Any], "asyncio.Future[None] | None"]
+# A file's write record as a replication tap sees it, in call order. The tap answers a future
+# that resolves once the backup holds it (None: nothing to wait for).
+Record = TypeVar("Record")
+Tap = Callable[[Record], "asyncio.Future[None] | None"]
 
 SNAPSHOT = -1  # request kind every writer serves alike: pin a read snapshot at that point
 
@@ -241,6 +242,11 @@ class Pinned:
         conn.execute("BEGIN")
         conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # the read starts here
         self.conn = conn
+
+    def columns(self, table: str) -> tuple[str, ...]:
+        """The names of `table`'s columns, in the order `rows` gives their values."""
+        assert self.conn is not None
+        return tuple(row[1] for row in self.conn.execute(f"PRAGMA table_info({table})"))
 
     def rows(self, table: str, chunk: int) -> Iterator[list[tuple[Any, ...]]]:
         """Every row of `table` in chunks (any thread, one at a time)."""

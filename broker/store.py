@@ -6,7 +6,7 @@ Why SQLite in WAL mode
     inspect with the `sqlite3` shell, without writing a log format of our own. In WAL mode a
     commit is one sequential append to the `-wal` file plus one fsync; pages are copied back
     into the main file later by checkpoints, off the acknowledgement path, and readers (the
-    `load_*` calls) never block the writer.
+    `load_*` calls, `broker/store_reads.py`) never block the writer.
 
 Why group commit on one writer thread
     The fsync, not the SQL, is the cost of a durable write. Every `write()` queues its
@@ -14,10 +14,10 @@ Why group commit on one writer thread
     `MAX_BATCH_OPS` operations), applies it in call order in ONE transaction and fsyncs once,
     then resolves the waiting futures in call order. While it is fsyncing, new calls pile up
     and form the next batch, so throughput grows with concurrency instead of being one fsync
-    per message. The event loop never touches the disk: it only serialises rows and enqueues
-    them. Within a batch, operations on the same (queue, msg_id) are folded to their net
-    effect (an add and a remove in the same batch become a single delete of nothing), which
-    makes fast produce-consume cycles nearly free.
+    per message. The event loop never touches the disk: it only turns each call into a write
+    record (`broker/store_writes.py`) and enqueues it. Within a batch, operations on the same
+    (queue, msg_id) are folded to their net effect (an add and a remove in the same batch
+    become a single delete of nothing), which makes fast produce-consume cycles nearly free.
 
 What is fsynced when
     * `synchronous=FULL`: every transaction's WAL frames are fsynced before COMMIT returns, and
@@ -44,6 +44,11 @@ Refusing bad files
     store raises `StoreError` naming the path. All of these checks run on a read-only
     connection, so a rejected file is left byte-for-byte unchanged.
 
+Replicated writes (ha)
+    The primary's replication sees every write record in call order through `tap`, and a
+    backup's store applies them with `apply`: the records, not the writer's batches, are what
+    replication carries (`cluster/replication_wire.py`).
+
 Not handled here: two processes opening the same file (guard the data directory instead).
 """
 
@@ -51,38 +56,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
 
 import structlog
 
-from broker import sqlite_file
+from broker import sqlite_file, store_sql
 from broker.message import Message
 from broker.sqlite_file import Request, Requests
-from broker.store_sql import (
-    APPLICATION_ID,
-    COUNT,
-    SAVE_QUEUE,
-    SCHEMA,
-    SCHEMA_VERSION,
-    SELECT_BY_IDS,
-    SELECT_IDS,
-    SELECT_MESSAGES,
-    UPSERT_MARK,
-    IdKey,
-    Key,
-    Row,
-    apply_ids,
-    apply_net,
+from broker.store_reads import StoreError, StoreReads
+from broker.store_sql import APPLICATION_ID, SCHEMA, SCHEMA_VERSION
+from broker.store_writes import (
+    MessageWrite,
+    QueueDeleted,
+    QueueSaved,
+    StoreWrite,
     dumps,
-    rows,
+    stored,
 )
 
 log = structlog.get_logger(__name__)
@@ -94,18 +89,13 @@ VACUUM_STEP_PAGES = 1024  # ~10-20 ms of work: the most a new write waits behind
 JOURNAL_SIZE_LIMIT = 16 * 1024 * 1024
 CACHE_KIB = 16 * 1024
 BUSY_TIMEOUT_MS = 5000
-IDS_PER_SELECT = 500  # msg ids bound in one SELECT (SQLite allows 32766 variables)
 FULL_RETRY_S = 0.2  # how often a write that found the disk full tries again
 
-# Request kinds handled by the writer thread.
-_WRITE, _SAVE_QUEUE_OP, _DELETE_QUEUE_OP, _CLOSE = range(4)
+# Request kinds handled by the writer thread: a `StoreWrite` record, or the close.
+_WRITE, _CLOSE = range(2)
 
 
-class StoreError(Exception):
-    """A store operation failed; the message names the file and what is wrong."""
-
-
-class Store:
+class Store(StoreReads):
     """Persistent messages, queue definitions and duplicate ids of one node, in one SQLite file.
 
     Build with `Store.open(path)`. The sync `load_*` / `max_msg_id` calls are for start-up;
@@ -132,8 +122,8 @@ class Store:
         self._max_id = 0
         self._deleted_since_compaction = 0
         self._compaction_wanted = False
-        # ha: the primary's replication sees every write request here, in call order
-        self.tap: sqlite_file.Tap | None = None
+        # ha: the primary's replication sees every write record here, in call order
+        self.tap: sqlite_file.Tap[StoreWrite] | None = None
 
     # ------------------------------------------------------------------ opening
 
@@ -202,71 +192,9 @@ class Store:
     def _count_free(self, conn: sqlite3.Connection) -> None:
         self.free_bytes = conn.execute("PRAGMA freelist_count").fetchone()[0] * self._page_size
 
-    # ------------------------------------------------------------------ start-up reads
-
-    def load_queues(self) -> list[tuple[str, str, dict]]:
-        """(address, queue, settings) of every saved queue, in creation order."""
-        with self._reader() as conn:
-            rows = conn.execute("SELECT address, name, settings FROM queues ORDER BY id")
-            return [(address, name, json.loads(settings)) for address, name, settings in rows]
-
-    def load_messages(self) -> list[Message]:
-        """Every stored message ordered by (msg_id, queue), with its latest delivery count."""
-        return list(self.messages())
-
-    def messages(self) -> Iterator[Message]:
-        """`load_messages` one at a time, so a big store is never all in memory at once.
-
-        Multicast copies (same msg_id) share one body and headers object, as `copy_for` does.
-        """
-        with self._reader() as conn:
-            yield from _decode(conn.execute(SELECT_MESSAGES))
-
-    def read_ids(self, queue: str, wanted: Sequence[Sequence[int]]) -> list[list[Message]]:
-        """Per list of msg ids: those stored messages of `queue`, oldest first (paged
-        messages read back as room frees; any thread, one connection for the lot)."""
-        pages: list[list[Message]] = []
-        with self._reader() as conn:
-            for ids in wanted:
-                page: list[Message] = []
-                for i in range(0, len(ids), IDS_PER_SELECT):
-                    chunk = ids[i : i + IDS_PER_SELECT]
-                    sql = f"{SELECT_BY_IDS}({','.join('?' * len(chunk))}) ORDER BY msg_id"
-                    page += _decode(conn.execute(sql, (queue, *chunk)))
-                pages.append(page)
-        return pages
-
-    def load_marks(self) -> dict[str, int]:
-        """Per forwarding origin, the highest sequence stored here (see `write(marks=...)`)."""
-        with self._reader() as conn:
-            return dict(conn.execute("SELECT origin, seq FROM marks"))
-
-    def load_ids(self) -> list[tuple[str, str, int]]:
-        """(address, duplicate id, msg id) of every stored duplicate-detection id, oldest first."""
-        with self._reader() as conn:
-            return list(conn.execute(SELECT_IDS))
-
-    def store_id(self) -> int:
-        """A random number fixed when the store file was created: this store's identity."""
-        with self._reader() as conn:
-            return int(conn.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()[0])
-
     def max_msg_id(self) -> int:
         """Highest msg_id ever stored (also after its removal), so ids never repeat; 0 if none."""
         return self._max_id
-
-    @contextlib.contextmanager
-    def _reader(self) -> Iterator[sqlite3.Connection]:
-        try:
-            conn = sqlite_file.read_only(self.path)
-        except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: cannot open for reading: {exc}") from exc
-        try:
-            yield conn
-        except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: read failed: {exc}") from exc
-        finally:
-            conn.close()
 
     # ------------------------------------------------------------------ durable writes
 
@@ -292,22 +220,21 @@ class Store:
         durable together or not at all. `ids` keep (address, duplicate id, msg id) or forget
         (msg id None) duplicate-detection ids, in order, in the same transaction too.
         """
-        adds = rows(added)
-        dels = [(m.msg_id, m.queue) for m in removed if m.persistent]
-        upds = [(m.delivery_count, m.msg_id, m.queue) for m in updated if m.persistent]
-        upds += [(m.delivery_count + 1, m.msg_id, m.queue) for m in delivered if m.persistent]
-        ups = list(marks.items())
-        size = len(adds) + len(dels) + len(upds) + len(ups) + len(ids)
+        counts = [(m.delivery_count, m.msg_id, m.queue) for m in updated if m.persistent]
+        counts += [(m.delivery_count + 1, m.msg_id, m.queue) for m in delivered if m.persistent]
+        removals = [(m.msg_id, m.queue) for m in removed if m.persistent]
+        record = MessageWrite(stored(added), removals, counts, list(marks.items()), list(ids))
+        size = record.size
         if size:
-            await self._submit(Request(_WRITE, (adds, dels, upds, ups, list(ids)), size))
+            await self._submit(Request(_WRITE, record, size))
 
     async def save_queue(self, address: str, queue: str, settings: dict) -> None:
         """Create or replace a queue definition (JSON-serialisable settings), durably."""
-        await self._submit(Request(_SAVE_QUEUE_OP, (queue, address, dumps(settings)), 1))
+        await self._submit(_request(QueueSaved(queue, address, dumps(settings))))
 
     async def delete_queue(self, queue: str) -> None:
         """Remove a queue definition and all of its stored messages, durably."""
-        await self._submit(Request(_DELETE_QUEUE_OP, queue, 1))
+        await self._submit(_request(QueueDeleted(queue)))
 
     @property
     def is_open(self) -> bool:
@@ -332,7 +259,7 @@ class Store:
         if self._thread is None or self._closed:
             return
         self._compaction_wanted = True
-        self._requests.put(Request(_WRITE, ([], [], [], [], []), 0))  # wakes the writer; no waiter
+        self._requests.put(_request(MessageWrite()))  # a write of nothing wakes the writer
 
     def disk_bytes(self) -> int:
         """Bytes on disk: database file plus WAL file."""
@@ -345,13 +272,12 @@ class Store:
             raise StoreError(f"{self.path}: store is closed")
         return sqlite_file.snapshot(self._requests)
 
-    def replay(self, kind: int, payload: Any) -> asyncio.Future[None]:
-        """Apply a write request as the primary's tap saw it (ha: on the backup); enqueued
-        now, in call order, and durable once the future resolves."""
+    def apply(self, record: StoreWrite) -> asyncio.Future[None]:
+        """Apply a write record as another store's tap saw it (ha: the primary's, on the
+        backup); enqueued now, in call order, and durable once the future resolves."""
         if not self.is_open:
             raise StoreError(f"{self.path}: store is closed")
-        size = sum(map(len, payload)) if kind == _WRITE else 1
-        return sqlite_file.enqueue(self._requests, Request(kind, payload, size))
+        return sqlite_file.enqueue(self._requests, _request(record))
 
     async def _submit(self, request: Request, closing: bool = False) -> None:
         if self._closed and not closing:
@@ -360,7 +286,7 @@ class Store:
             raise StoreError(f"{self.path}: writer thread is not running")
         local = sqlite_file.enqueue(self._requests, request)
         # In the same step as the enqueue, so the backup sees writes in the order we apply them.
-        shipped = None if self.tap is None or closing else self.tap(request.kind, request.payload)
+        shipped = None if self.tap is None or closing else self.tap(request.payload)
         await local
         if shipped is not None:
             await shipped
@@ -435,47 +361,9 @@ class Store:
 
     def _transaction(self, conn: sqlite3.Connection, batch: list[Request]) -> None:
         """Apply a batch in call order as one transaction; raises after rolling back."""
-        max_id = self._max_id
-        deleted = 0
-        net: dict[Key, Row | int | None] = {}  # row: upsert, int: new count, None: delete
-        id_net: dict[IdKey, int | None] = {}  # msg id: keep (newest last), None: forget
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for request in batch:
-                if request.kind == _WRITE:
-                    adds, dels, upds, ups, ids = request.payload
-                    if ups:
-                        conn.executemany(UPSERT_MARK, ups)
-                    for address, dup_id, msg_id in ids:
-                        id_net.pop((address, dup_id), None)  # re-inserted: in order again
-                        id_net[(address, dup_id)] = msg_id
-                    for row in adds:
-                        net[(row[0], row[1])] = row
-                        max_id = max(max_id, row[0])
-                    for count, msg_id, queue_ in upds:
-                        key = (msg_id, queue_)
-                        current = net.get(key, 0)
-                        if type(current) is tuple:
-                            net[key] = (*current[:COUNT], count, *current[COUNT + 1 :])
-                        elif current is not None:  # a count after a delete stays deleted
-                            net[key] = count
-                    for key in dels:
-                        net[key] = None
-                    continue
-                # Queue operations see every earlier message operation applied first.
-                deleted += apply_net(conn, net)
-                net = {}
-                if request.kind == _SAVE_QUEUE_OP:
-                    conn.execute(SAVE_QUEUE, request.payload)
-                else:
-                    name = (request.payload,)
-                    cursor = conn.execute("DELETE FROM messages WHERE queue = ?", name)
-                    deleted += max(cursor.rowcount, 0)
-                    conn.execute("DELETE FROM queues WHERE name = ?", name)
-            deleted += apply_net(conn, net)
-            deleted += apply_ids(conn, id_net)
-            if max_id > self._max_id:
-                conn.execute("UPDATE meta SET value = ? WHERE key = 'max_msg_id'", (max_id,))
+            max_id, deleted = store_sql.apply(conn, [r.payload for r in batch], self._max_id)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
@@ -544,25 +432,6 @@ class Store:
         sqlite_file.settle([request], [error])
 
 
-def _decode(rows: Iterable[tuple]) -> Iterator[Message]:
-    """Messages from SELECT_MESSAGES-shaped rows; consecutive copies share headers and body."""
-    last: tuple[int, str, dict[str, str], bytes] | None = None
-    for msg_id, queue_, address, text, count, grp, seq, enq, body in rows:
-        if last is not None and last[0] == msg_id and last[1] == text:
-            headers = last[2]
-            body = last[3] if last[3] == body else body
-        else:
-            headers = json.loads(text)
-        last = (msg_id, text, headers, body)
-        yield Message(
-            msg_id=msg_id,
-            queue=queue_,
-            address=address,
-            body=body,
-            headers=headers,
-            persistent=True,
-            delivery_count=count,
-            group=grp,
-            group_seq=seq,
-            enqueued_ns=enq,
-        )
+def _request(record: StoreWrite) -> Request:
+    """A write record for the writer thread, counted by the operations it holds."""
+    return Request(_WRITE, record, record.size)

@@ -1,4 +1,5 @@
-"""The message store's on-disk format: schema, SQL statements, and messages as rows.
+"""The message store's on-disk format: schema, SQL statements, its write records applied as
+SQL, and rows read back as messages.
 
 Kept apart from the writer thread (`broker/store.py`) so that what is on disk reads in one place.
 """
@@ -7,10 +8,18 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator
 
 from broker.message import Message
+from broker.store_writes import (
+    STORED_MESSAGE,
+    MessageKey,
+    MessageWrite,
+    QueueDeleted,
+    QueueSaved,
+    StoredMessage,
+    StoreWrite,
+)
 
 APPLICATION_ID = 0x706D7131  # "pmq1" in the SQLite header: marks the file as a pinmq store.
 # 2: duplicate_ids. An older file opens as it is: the schema's statements only create what is
@@ -79,54 +88,66 @@ SELECT_BY_IDS = (  # + "(?, ?, ...)": the ids, then ORDER BY
     " FROM messages WHERE queue = ? AND msg_id IN "
 )
 
-COUNT = 4  # index of delivery_count in a message row
-
-Row = tuple[int, str, str, str, int, str | None, int, int, bytes]
-Key = tuple[int, str]
+IdKey = tuple[str, str]  # (address, duplicate id)
 
 
-def dumps(value: Any) -> str:
-    # ASCII-only output can always be bound as TEXT, so a bad header fails the call, not a batch.
-    return json.dumps(value, separators=(",", ":"))
+def apply(conn: sqlite3.Connection, writes: Iterable[StoreWrite], max_id: int) -> tuple[int, int]:
+    """Execute writes in call order inside the caller's transaction, and raise the stored
+    highest msg id past `max_id`; returns that id and the count of rows deleted.
 
-
-def rows(messages: Sequence[Message]) -> list[Row]:
-    """Snapshot persistent messages as rows now, on the caller's thread (they are mutable)."""
-    rows: list[Row] = []
-    encoded: dict[int, str] = {}  # multicast copies share one headers dict: encode it once
-    for m in messages:
-        if not m.persistent:
+    Message operations on one (msg_id, queue) fold to their net effect (an add and a remove
+    become a delete of nothing) until a queue operation, which sees every earlier one applied.
+    """
+    deleted = 0
+    net: dict[
+        MessageKey, StoredMessage | int | None
+    ] = {}  # message: upsert, int: new count, None: delete
+    id_net: dict[IdKey, int | None] = {}  # msg id: keep (newest last), None: forget
+    highest = max_id
+    for write in writes:
+        if type(write) is MessageWrite:
+            if write.marks:
+                conn.executemany(UPSERT_MARK, write.marks)
+            for address, dup_id, msg_id in write.ids:
+                id_net.pop((address, dup_id), None)  # re-inserted: in order again
+                id_net[(address, dup_id)] = msg_id
+            for row in write.added:
+                net[(row[0], row[1])] = row
+                highest = max(highest, row[0])
+            for count, msg_id, queue_ in write.counts:
+                key = (msg_id, queue_)
+                current = net.get(key, 0)
+                if type(current) is tuple:
+                    net[key] = (*current[:_COUNT], count, *current[_COUNT + 1 :])
+                elif current is not None:  # a count after a delete stays deleted
+                    net[key] = count
+            for key in write.removed:
+                net[key] = None
             continue
-        headers = m.headers
-        if headers:
-            text = encoded.get(id(headers))
-            if text is None:
-                text = encoded[id(headers)] = dumps(headers)
-        else:
-            text = "{}"
-        body = m.body if type(m.body) is bytes else bytes(m.body)
-        rows.append(
-            (
-                m.msg_id,
-                m.queue,
-                m.address,
-                text,
-                m.delivery_count,
-                m.group,
-                m.group_seq,
-                m.enqueued_ns,
-                body,
-            )
-        )
-    return rows
+        deleted += _apply_net(conn, net)
+        net = {}
+        if type(write) is QueueSaved:
+            conn.execute(SAVE_QUEUE, (write.queue, write.address, write.settings))
+        elif type(write) is QueueDeleted:
+            name = (write.queue,)
+            deleted += max(conn.execute("DELETE FROM messages WHERE queue = ?", name).rowcount, 0)
+            conn.execute("DELETE FROM queues WHERE name = ?", name)
+    deleted += _apply_net(conn, net)
+    deleted += _apply_ids(conn, id_net)
+    if highest > max_id:
+        conn.execute("UPDATE meta SET value = ? WHERE key = 'max_msg_id'", (highest,))
+    return highest, deleted
 
 
-def apply_net(conn: sqlite3.Connection, net: dict[Key, Row | int | None]) -> int:
+_COUNT = STORED_MESSAGE.index("delivery_count")
+
+
+def _apply_net(conn: sqlite3.Connection, net: dict[MessageKey, StoredMessage | int | None]) -> int:
     """Execute folded message operations (keys are distinct, so order is free); rows deleted."""
     if not net:
         return 0
-    puts: list[Row] = []
-    dels: list[Key] = []
+    puts: list[StoredMessage] = []
+    dels: list[MessageKey] = []
     upds: list[tuple[int, int, str]] = []
     for key, value in net.items():
         if value is None:
@@ -145,10 +166,7 @@ def apply_net(conn: sqlite3.Connection, net: dict[Key, Row | int | None]) -> int
     return deleted
 
 
-IdKey = tuple[str, str]  # (address, duplicate id)
-
-
-def apply_ids(conn: sqlite3.Connection, net: dict[IdKey, int | None]) -> int:
+def _apply_ids(conn: sqlite3.Connection, net: dict[IdKey, int | None]) -> int:
     """Execute folded id operations (msg id: keep, in the dict's order; None: forget); rows
     deleted."""
     if not net:
@@ -159,3 +177,27 @@ def apply_ids(conn: sqlite3.Connection, net: dict[IdKey, int | None]) -> int:
     if puts:
         conn.executemany(PUT_ID, puts)
     return deleted
+
+
+def read_messages(rows: Iterable[tuple]) -> Iterator[Message]:
+    """Messages from SELECT_MESSAGES-shaped rows; consecutive copies share headers and body."""
+    last: tuple[int, str, dict[str, str], bytes] | None = None
+    for msg_id, queue_, address, text, count, grp, seq, enq, body in rows:
+        if last is not None and last[0] == msg_id and last[1] == text:
+            headers = last[2]
+            body = last[3] if last[3] == body else body
+        else:
+            headers = json.loads(text)
+        last = (msg_id, text, headers, body)
+        yield Message(
+            msg_id=msg_id,
+            queue=queue_,
+            address=address,
+            body=body,
+            headers=headers,
+            persistent=True,
+            delivery_count=count,
+            group=grp,
+            group_seq=seq,
+            enqueued_ns=enq,
+        )

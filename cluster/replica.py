@@ -7,9 +7,13 @@ new file is whole and durable, under a marker file, and `recover` finishes a swa
 shows begun, or drops the partial files of one that was not; so the real files always hold one
 whole snapshot, the old or the new, never the store of one and the bindings of the other (the
 data a restarted backup is elected on, see `Durable.data_epoch`). Then it
-applies every write request the primary makes, in order, through the same writer threads the
+applies every write record the primary makes, in order, through the same writer threads the
 node uses, and reports the highest sequence it holds on disk: the primary's writes wait for
 that once the backup is in sync. A broken stream is retried with a fresh snapshot.
+
+A frame this backup cannot read (`cluster/replication_wire.py`: another format, from a primary
+of another version) is refused before any of it is applied: the backup stops following, out
+of sync, and says why once; it follows again once restarted (or made to follow anew).
 """
 
 from __future__ import annotations
@@ -24,13 +28,13 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import structlog
 from grpc import aio
 
 from broker import channels, sqlite_file
 from broker.engine import STORE_FILE
 from broker.store import Store, StoreError
+from cluster import replication_wire as wire
 from cluster.outage import Outage
 from handler.bindings import FILE_NAME as BINDINGS_FILE
 from handler.bindings import BindingStore, BindingStoreError
@@ -78,7 +82,7 @@ class Follower:
         self.on_broken = on_broken
         self.paths = _paths(data_dir)
         recover(data_dir)  # before anything opens the files
-        self.state = "connecting"  # connecting | receiving snapshot | following
+        self.state = "connecting"  # connecting | receiving snapshot | following | refused
         self.primary_id: str | None = None
         self.durable = 0  # highest sequence of the primary's writes on our disk
         self._stores: dict[str, Store | BindingStore] = {}
@@ -129,6 +133,27 @@ class Follower:
             )
 
     async def _follow(self) -> None:
+        try:
+            await self._stream()
+        except wire.WireError as err:
+            await self._refuse(err)
+
+    async def _refuse(self, err: wire.WireError) -> None:
+        """Stop following for good: this backup cannot read its primary (the stream is
+        closed, so the primary carries on alone); returns only when cancelled."""
+        self.state = "refused"
+        log.error(
+            "replication refused: cannot read the primary's stream; stopped following",
+            primary=self.primary_id or self.primary,
+            error=str(err),
+        )
+        if self.on_broken is not None:
+            self.on_broken()
+        await self._close_bulk()
+        await self._close_stores()
+        await asyncio.Event().wait()
+
+    async def _stream(self) -> None:
         reports: asyncio.Queue[pb.ReplicaReport] = asyncio.Queue()
         applied: deque[tuple[int, asyncio.Future[None]]] = deque()
         woken = asyncio.Event()
@@ -190,12 +215,13 @@ class Follower:
             self._bulk[name] = conn
 
     async def _rows(self, rows: pb.SnapshotRows) -> None:
-        conn = self._bulk[rows.file]
-        data = msgpack.unpackb(rows.rows, use_list=False, raw=False)
-        if data:
-            marks = ",".join("?" * len(data[0]))
-            sql = f"INSERT OR REPLACE INTO {rows.table} VALUES ({marks})"
-            await asyncio.to_thread(_insert, conn, sql, data)
+        chunk = wire.decode_chunk(rows)
+        conn = self._bulk[chunk.file]
+        if chunk.rows:
+            names = ", ".join(map(_quoted, chunk.columns))
+            marks = ", ".join("?" * len(chunk.columns))
+            sql = f"INSERT OR REPLACE INTO {_quoted(chunk.table)} ({names}) VALUES ({marks})"
+            await asyncio.to_thread(_insert, conn, sql, chunk.rows)
 
     async def _install(self) -> None:
         """Commit the snapshot files, then swap each in for its real file and open it."""
@@ -211,9 +237,9 @@ class Follower:
     def _apply(
         self, ops: Sequence[pb.ReplicatedOp], applied: deque[tuple[int, asyncio.Future[None]]]
     ) -> None:
-        for op in ops:
-            payload = msgpack.unpackb(op.payload, use_list=False, raw=False)
-            applied.append((op.seq, self._stores[op.file].replay(op.kind, payload)))
+        records = [(op.seq, op.file, wire.decode(op.payload)) for op in ops]  # all, or none
+        for seq, file, record in records:
+            applied.append((seq, self._stores[file].apply(record)))
 
     async def _confirm(
         self,
@@ -259,6 +285,11 @@ def _insert(conn: sqlite3.Connection, sql: str, rows: Sequence[Any]) -> None:
     """executemany with its cursor closed in this thread: a cursor freed later in the loop's
     thread resets the cached statement the next executemany runs (SQLITE_MISUSE)."""
     conn.executemany(sql, rows).close()
+
+
+def _quoted(name: str) -> str:
+    """A table or column name from the primary as an SQL identifier."""
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _sync_path(path: Path) -> Path:

@@ -1,7 +1,8 @@
 """ha, the primary's side of replication: every store write goes to the backup, in order.
 
-The primary's two SQLite files (the message store and the bindings) hand every write request
-to `Replicator` through their `tap`, in the order they apply it. A backup that connects
+The primary's two SQLite files (the message store and the bindings) hand every write record
+to `Replicator` through their `tap`, in the order they apply it; it crosses the wire in the
+stream's own format (`cluster/replication_wire.py`). A backup that connects
 (`Cluster.Replicate`) first gets a snapshot: a SNAPSHOT request is enqueued in each file at
 one sequence number, so each pins a read of exactly the writes up to it; the rows stream from
 those reads while later writes queue for the backup behind them. Once the backup has the
@@ -25,12 +26,12 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 import grpc
-import msgpack
 import structlog
 from grpc import aio
 
 from broker.engine import NotServing
 from broker.sqlite_file import Pinned
+from cluster import replication_wire as wire
 from pinmq_pb import cluster_pb2 as pb
 
 log = structlog.get_logger(__name__)
@@ -46,7 +47,7 @@ class Source(Protocol):
     """A file the primary replicates: `broker.store.Store`, `handler.bindings.BindingStore`."""
 
     TABLES: tuple[str, ...]  # copied to a backup that catches up
-    tap: Callable[[int, Any], asyncio.Future[None] | None] | None
+    tap: Callable[[Any], asyncio.Future[None] | None] | None
 
     def snapshot(self) -> tuple[Pinned, asyncio.Future[None]]: ...
 
@@ -186,16 +187,15 @@ class Replicator:
         for name, source in self.sources.items():
             source.tap = self._tap(name)
 
-    def _tap(self, file: str) -> Callable[[int, Any], asyncio.Future[None] | None]:
-        def ship(kind: int, payload: Any) -> asyncio.Future[None] | None:
+    def _tap(self, file: str) -> Callable[[wire.Record], asyncio.Future[None] | None]:
+        def ship(record: wire.Record) -> asyncio.Future[None] | None:
             self.seq += 1
             gate, backup = self.gate, self.backup
             if gate is not None and not gate.may_serve():
                 return _failed(NotServing(f"{self.node_id} does not hold its node now"))
             waiting = None
             if backup is not None:
-                data = msgpack.packb(payload, use_bin_type=True)
-                op = pb.ReplicatedOp(seq=self.seq, file=file, kind=kind, payload=data)
+                op = pb.ReplicatedOp(seq=self.seq, file=file, payload=wire.encode(record))
                 waiting = backup.ship(op)
             if waiting is None and gate is not None:
                 try:
@@ -279,16 +279,13 @@ class Replicator:
         """Every row of the file's tables. Each read runs on a thread, shielded and noted in
         `busy`: a cancelled stream must not close the pin under it (SQLite then crashes)."""
         for table in self.sources[file].TABLES:
+            columns = await _read(busy, file, pinned.columns, table)
             chunks: Iterator[list[tuple[Any, ...]]] = pinned.rows(table, ROWS_PER_FRAME)
-            while True:
-                busy[file] = reading = asyncio.ensure_future(asyncio.to_thread(next, chunks, None))
-                rows = await asyncio.shield(reading)
-                if rows is None:
-                    break
+            while rows := await _read(busy, file, next, chunks, None):
                 for run in _runs(rows):
-                    data = msgpack.packb(run, use_bin_type=True)
-                    frame = pb.SnapshotRows(file=file, table=table, rows=data)
-                    await _write(context, pb.ReplicationFrame(rows=frame), gone)
+                    chunk = wire.SnapshotChunk(file, table, columns, run)
+                    frame = pb.ReplicationFrame(rows=wire.encode_chunk(chunk))
+                    await _write(context, frame, gone)
 
     async def _receive(self, backup: _Backup, reports: AsyncIterator[pb.ReplicaReport]) -> None:
         try:
@@ -324,6 +321,12 @@ async def _write(
     if given_up:
         raise BackupLost("dropped while a frame was on its way")
     writing.result()  # what the write raised, if it failed
+
+
+async def _read(busy: dict[str, asyncio.Future[Any]], file: str, *call: Any) -> Any:
+    """`call` on a thread, shielded and noted in `busy` as the pinned read of `file` in use."""
+    busy[file] = reading = asyncio.ensure_future(asyncio.to_thread(*call))
+    return await asyncio.shield(reading)
 
 
 def _runs(rows: list[tuple[Any, ...]]) -> Iterator[list[tuple[Any, ...]]]:

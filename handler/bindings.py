@@ -7,6 +7,8 @@ writer thread, group commit. `put` and `delete` enqueue their rows at
 call time and return a future that resolves once the transaction holding them is committed and
 fsynced; so the order of calls is the order of commits, even for a delete that nobody awaits
 followed by a put of the same key. Within a batch operations on one key fold to the last one.
+Each call is one write record (`BindingsPut`, `BindingsDeleted`): what the primary's ha
+replication sees through `tap` and a backup's file applies with `apply`.
 
 A file that is not an intact bindings database is refused (`BindingStoreError` naming the
 path) and left untouched: starting empty over lost bindings could pin a group twice.
@@ -20,8 +22,8 @@ import queue
 import sqlite3
 import threading
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import structlog
 
@@ -45,7 +47,24 @@ _SCHEMA = """CREATE TABLE IF NOT EXISTS bindings (
     PRIMARY KEY (grp, queue)) WITHOUT ROWID"""
 _PUT = "INSERT OR REPLACE INTO bindings (grp, queue, node, epoch) VALUES (?, ?, ?, ?)"
 _DELETE = "DELETE FROM bindings WHERE grp = ? AND queue = ?"
-_PUT_OP, _DELETE_OP, _CLOSE_OP = range(3)
+_WRITE_OP, _CLOSE_OP = range(2)
+
+
+@dataclass(frozen=True, slots=True)
+class BindingsPut:
+    """Bindings stored, each replacing any of its (group, queue)."""
+
+    bindings: tuple[Binding, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BindingsDeleted:
+    """Bindings removed by (group, queue)."""
+
+    keys: tuple[Key, ...]
+
+
+BindingsWrite = BindingsPut | BindingsDeleted
 
 
 class BindingStoreError(Exception):
@@ -63,8 +82,8 @@ class BindingStore:
         self._requests: Requests = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._closed = False
-        # ha: the primary's replication sees every write request here, in call order
-        self.tap: sqlite_file.Tap | None = None
+        # ha: the primary's replication sees every write record here, in call order
+        self.tap: sqlite_file.Tap[BindingsWrite] | None = None
 
     @classmethod
     def open(cls, path: Path) -> BindingStore:
@@ -99,13 +118,11 @@ class BindingStore:
 
     def put(self, bindings: Iterable[Binding]) -> asyncio.Future[None]:
         """Store (or replace) bindings; enqueued now, the future resolves once durable."""
-        rows = [(b.group, b.queue, b.node, b.epoch) for b in bindings]
-        return self._submit(Request(_PUT_OP, rows, len(rows)))
+        return self.apply(BindingsPut(tuple(bindings)))
 
     def delete(self, keys: Iterable[Key]) -> asyncio.Future[None]:
         """Remove bindings by (group, queue); enqueued now, the future resolves once durable."""
-        rows = list(keys)
-        return self._submit(Request(_DELETE_OP, rows, len(rows)))
+        return self.apply(BindingsDeleted(tuple(keys)))
 
     async def close(self) -> None:
         """Finish queued writes, checkpoint the WAL into the file, close it."""
@@ -126,9 +143,11 @@ class BindingStore:
             raise BindingStoreError(f"{self.path}: bindings store is closed")
         return sqlite_file.snapshot(self._requests)
 
-    def replay(self, kind: int, payload: Any) -> asyncio.Future[None]:
-        """Apply a write request as the primary's tap saw it (ha: on the backup)."""
-        return self._submit(Request(kind, payload, len(payload)))
+    def apply(self, record: BindingsWrite) -> asyncio.Future[None]:
+        """Apply a write record (`put` and `delete` make theirs; ha: the backup applies the
+        primary's, as its tap saw them); enqueued now, the future resolves once durable."""
+        size = len(record.bindings) if type(record) is BindingsPut else len(record.keys)
+        return self._submit(Request(_WRITE_OP, record, size))
 
     def _submit(self, request: Request, closing: bool = False) -> asyncio.Future[None]:
         if self._closed and not closing:
@@ -138,7 +157,7 @@ class BindingStore:
         else:
             future = sqlite_file.enqueue(self._requests, request)
             if self.tap is not None and not closing:
-                shipped = self.tap(request.kind, request.payload)
+                shipped = self.tap(request.payload)
                 if shipped is not None:  # durable once on the backup too
                     future = _both(future, shipped)
         future.add_done_callback(_retrieve)
@@ -179,11 +198,12 @@ class BindingStore:
     def _transaction(self, conn: sqlite3.Connection, batch: list[Request]) -> None:
         net: dict[Key, tuple[str, str, str, int] | None] = {}  # row: put, None: delete
         for request in batch:
-            if request.kind == _PUT_OP:
-                for row in request.payload:
-                    net[(row[0], row[1])] = row
+            record = request.payload
+            if type(record) is BindingsPut:
+                for b in record.bindings:
+                    net[(b.group, b.queue)] = (b.group, b.queue, b.node, b.epoch)
             else:
-                for key in request.payload:
+                for key in record.keys:
                     net[key] = None
         puts = [row for row in net.values() if row is not None]
         dels = [key for key, row in net.items() if row is None]

@@ -22,6 +22,15 @@ import pytest
 from broker.message import Message
 from broker.store import Store, StoreError
 from broker.store_sql import APPLICATION_ID
+from broker.store_writes import (
+    DELIVERY_COUNT,
+    DUPLICATE_ID,
+    MARK,
+    MESSAGE_KEY,
+    STORED_MESSAGE,
+    MessageWrite,
+    StoreWrite,
+)
 
 KIB = 1024
 
@@ -436,6 +445,76 @@ def test_foreign_sqlite_database_is_refused(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match=naming(path, "not a pinmq store")):
         Store.open(path)
     assert path.read_bytes() == before
+
+
+async def test_a_write_record_holds_what_its_fields_are_named(store: Store) -> None:
+    """The tuples of a write record go on the replication wire as they are, in the order the
+    store names their fields (cluster/replication_wire.py): the names must be true."""
+    seen: list[StoreWrite] = []
+    store.tap = seen.append
+    m = msg(7, queue="q", body=b"b", headers={"h": "v"}, delivery_count=2, group="g")
+    m.group_seq, m.enqueued_ns = 3, 9
+    await store.write([m], [m], [m], {"node2": 4}, [m], [("addr", "d", 7)])
+    [w] = seen
+    assert isinstance(w, MessageWrite)
+    assert [dict(zip(STORED_MESSAGE, row, strict=True)) for row in w.added] == [
+        {
+            "msg_id": 7,
+            "queue": "q",
+            "address": "addr",
+            "headers": '{"h":"v"}',
+            "delivery_count": 2,
+            "group": "g",
+            "group_seq": 3,
+            "enqueued_ns": 9,
+            "body": b"b",
+        }
+    ]
+    assert [dict(zip(MESSAGE_KEY, key, strict=True)) for key in w.removed] == [
+        {"msg_id": 7, "queue": "q"}
+    ]
+    assert [dict(zip(DELIVERY_COUNT, count, strict=True)) for count in w.counts] == [
+        {"count": 2, "msg_id": 7, "queue": "q"},  # updated
+        {"count": 3, "msg_id": 7, "queue": "q"},  # delivered once more
+    ]
+    assert [dict(zip(MARK, mark, strict=True)) for mark in w.marks] == [
+        {"origin": "node2", "seq": 4}
+    ]
+    assert [dict(zip(DUPLICATE_ID, i, strict=True)) for i in w.ids] == [
+        {"address": "addr", "dup_id": "d", "msg_id": 7}
+    ]
+
+
+async def test_a_store_applying_another_stores_records_reads_back_the_same(
+    tmp_path: Path,
+) -> None:
+    """What a backup's store does with the records the primary's tap saw (ha), on one machine."""
+    first, second = Store.open(tmp_path / "first.db"), Store.open(tmp_path / "second.db")
+    seen: list[StoreWrite] = []
+    first.tap = seen.append
+    try:
+        m = msg(1, headers={"h": "v"}, group="g")
+        await first.save_queue("addr", "q", {"k": 1})
+        await first.save_queue("addr", "gone", {})
+        await first.write(added=[m, msg(2), msg(3, queue="gone")], ids=[("addr", "d", 1)])
+        await first.write(delivered=[m], marks={"node2": 3})
+        await first.write(removed=[msg(2)], ids=[("addr", "d", None)])
+        await first.delete_queue("gone")
+        assert [type(r).__name__ for r in seen] == [
+            "QueueSaved",
+            "QueueSaved",
+            "MessageWrite",
+            "MessageWrite",
+            "MessageWrite",
+            "QueueDeleted",
+        ]
+        await asyncio.gather(*(second.apply(record) for record in seen))
+        for read in ("load_queues", "load_messages", "load_marks", "load_ids", "max_msg_id"):
+            assert getattr(second, read)() == getattr(first, read)(), read
+        assert [(m.msg_id, m.delivery_count) for m in second.load_messages()] == [(1, 1)]
+    finally:
+        await first.close()
+        await second.close()
 
 
 async def test_empty_file_becomes_a_store(tmp_path: Path) -> None:

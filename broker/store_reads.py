@@ -1,0 +1,89 @@
+"""The reading side of the message store: start-up loads and paged messages read back.
+
+Each read opens a read-only connection of its own (any thread): in WAL mode it sees every
+committed write and never blocks the writer thread (`broker/store.py`), which inherits these.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from broker import sqlite_file
+from broker.message import Message
+from broker.store_sql import SELECT_BY_IDS, SELECT_IDS, SELECT_MESSAGES, read_messages
+
+IDS_PER_SELECT = 500  # msg ids bound in one SELECT (SQLite allows 32766 variables)
+
+
+class StoreError(Exception):
+    """A store operation failed; the message names the file and what is wrong."""
+
+
+class StoreReads:
+    """What a store file holds, read back (by `Store`, whose file is at `path`)."""
+
+    path: Path
+
+    def load_queues(self) -> list[tuple[str, str, dict]]:
+        """(address, queue, settings) of every saved queue, in creation order."""
+        with self._reader() as conn:
+            rows = conn.execute("SELECT address, name, settings FROM queues ORDER BY id")
+            return [(address, name, json.loads(settings)) for address, name, settings in rows]
+
+    def load_messages(self) -> list[Message]:
+        """Every stored message ordered by (msg_id, queue), with its latest delivery count."""
+        return list(self.messages())
+
+    def messages(self) -> Iterator[Message]:
+        """`load_messages` one at a time, so a big store is never all in memory at once.
+
+        Multicast copies (same msg_id) share one body and headers object, as `copy_for` does.
+        """
+        with self._reader() as conn:
+            yield from read_messages(conn.execute(SELECT_MESSAGES))
+
+    def read_ids(self, queue: str, wanted: Sequence[Sequence[int]]) -> list[list[Message]]:
+        """Per list of msg ids: those stored messages of `queue`, oldest first (paged
+        messages read back as room frees; any thread, one connection for the lot)."""
+        pages: list[list[Message]] = []
+        with self._reader() as conn:
+            for ids in wanted:
+                page: list[Message] = []
+                for i in range(0, len(ids), IDS_PER_SELECT):
+                    chunk = ids[i : i + IDS_PER_SELECT]
+                    sql = f"{SELECT_BY_IDS}({','.join('?' * len(chunk))}) ORDER BY msg_id"
+                    page += read_messages(conn.execute(sql, (queue, *chunk)))
+                pages.append(page)
+        return pages
+
+    def load_marks(self) -> dict[str, int]:
+        """Per forwarding origin, the highest sequence stored here (see `write(marks=...)`)."""
+        with self._reader() as conn:
+            return dict(conn.execute("SELECT origin, seq FROM marks"))
+
+    def load_ids(self) -> list[tuple[str, str, int]]:
+        """(address, duplicate id, msg id) of every stored duplicate-detection id, oldest first."""
+        with self._reader() as conn:
+            return list(conn.execute(SELECT_IDS))
+
+    def store_id(self) -> int:
+        """A random number fixed when the store file was created: this store's identity."""
+        with self._reader() as conn:
+            return int(conn.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()[0])
+
+    @contextlib.contextmanager
+    def _reader(self) -> Iterator[sqlite3.Connection]:
+        try:
+            conn = sqlite_file.read_only(self.path)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: cannot open for reading: {exc}") from exc
+        try:
+            yield conn
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: read failed: {exc}") from exc
+        finally:
+            conn.close()
