@@ -5,9 +5,9 @@ It owns the cluster gRPC server on `listen.cluster` (the Cluster service, plus w
 `add_servicer` registers, e.g. the grouping handler), one gossip link per connector, the
 `Topology` built from gossip, the `Router`, and a `Bridge` per peer with waiting messages.
 
-This node's own state is recomputed from the engine's queues when `local_changed()` is called and, as a
-safety net for changes nobody reported, every `POLL_S`; bursts of changes coalesce into one
-announcement. Everything runs on the node's event loop, like the rest of the node.
+This node's own state is recomputed from the engine's queues when `local_changed()` is
+called and, as a safety net for changes nobody reported, every `POLL_S`; bursts of changes
+coalesce into one announcement. Everything runs on the node's event loop, like the rest of the node.
 """
 
 from __future__ import annotations
