@@ -28,7 +28,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ports import reserve_port
 
 START_TIMEOUT_S = 20.0
-pytest_plugins = ["stomp_helpers"]  # the STOMP test modules' fixtures (snode, admin, connect, raw)
+pytest_plugins = ["stomp_helpers", "store_harness"]  # fixtures of the STOMP and store tests
 
 
 def unique(prefix: str = "q") -> str:

@@ -17,8 +17,7 @@ import msgpack
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from structlog.testing import capture_logs
-from test_replication_faults import (
+from replication_pair import (
     EPOCH,
     QUEUE,
     WAIT_S,
@@ -30,6 +29,7 @@ from test_replication_faults import (
     running,
     until,
 )
+from structlog.testing import capture_logs
 
 from broker import store_writes
 from broker.engine import STORE_FILE
@@ -37,8 +37,8 @@ from broker.message import Message
 from broker.store_writes import MessageWrite, QueueDeleted, QueueSaved
 from cluster import replica, replication
 from cluster import replication_wire as wire
-from handler.arbiter import Binding
 from handler.bindings import BindingsDeleted, BindingsPut
+from handler.records import Binding
 from pinmq_pb import cluster_pb2 as pb
 from pinmq_pb import cluster_pb2_grpc as pb_grpc
 
