@@ -7,8 +7,8 @@ the engine (pinmq/, cluster/, handler/) and fails on a way around it:
 
 - any access to an attribute named `core` or `_core` (the engine's core), or an import of
   `BrokerCore` or `Queue`;
-- any call of an `apply` or `_apply` of another object than the module's own, or access to
-  the engine's consumer streams (`streams`, `_outlets`);
+- any call of the engine's (or, as it used to be called, the node's) `apply` or `_apply`, or
+  access to the engine's consumer streams (`streams`, `_outlets`);
 - a call of a core or queue mutator's name (found by introspection of BrokerCore and Queue,
   so a new mutator is covered at once) on anything but a unit or the engine, unless it is
   one of the few other objects that happen to have a method of that name, listed below.
@@ -86,7 +86,7 @@ def violations(source: str) -> Iterator[tuple[int, str]]:
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             name = node.func.attr
             receiver = _receiver(node.func.value).lstrip("_")
-            if name in ("apply", "_apply") and receiver != "self":
+            if name in ("apply", "_apply") and receiver.endswith(("engine", "node")):
                 yield node.lineno, f"applies Effects itself: .{name}()"
             elif (
                 name in MUTATORS and not receiver.endswith(DOORS) and (receiver, name) not in OTHERS
