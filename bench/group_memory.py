@@ -18,8 +18,9 @@ from pathlib import Path
 
 from broker.config import QueueConfig
 from broker.effects import Effects
+from broker.group_state import Group
 from broker.message import GROUP_ID_HEADER, Message
-from broker.queue import Queue, _Group
+from broker.queue import Queue
 
 TARGET = 300
 CLOCK0 = 1_780_000_000_000_000_000  # wall-clock ns (the node passes time.time_ns())
@@ -79,7 +80,7 @@ def breakdown(q: Queue) -> list[tuple[str, float]]:
     g = next(iter(q._groups.values()))
     sets = sum(sys.getsizeof(c.groups) for c in q._consumers.values())
     return [
-        ("_Group object", sys.getsizeof(g)),
+        ("Group object", sys.getsizeof(g)),
         ("group id str", sys.getsizeof(g.key)),
         ("last_use_ns int", sys.getsizeof(g.last_use_ns)),
         ("Queue._groups dict", sys.getsizeof(q._groups) / n),
@@ -110,7 +111,7 @@ def main() -> None:
     for name, size in parts:
         print(f"    {name:<22} {size:6.1f} B")
     print(f"    {'sum':<22} {sum(size for _, size in parts):6.1f} B (rest: allocator rounding)")
-    print(f"  _Group has {len(_Group.__slots__)} slots: {', '.join(_Group.__slots__)}")
+    print(f"  Group has {len(Group.__slots__)} slots: {', '.join(Group.__slots__)}")
 
 
 if __name__ == "__main__":

@@ -1,27 +1,33 @@
 """One queue's group semantics: the pure core of dispatch (no I/O, no clock of its own).
 
-Every group has its own FIFO of pending messages. A group with pending messages sits in
-exactly one run queue: its owner's `ready` deque, or the queue-wide `unowned` deque when it
-has no owner. Ungrouped messages have their own FIFO. Dispatch only ever looks at the heads
-of these deques, so a blocked group never blocks anything behind it and the cost of
-dispatching a message does not depend on how many groups exist.
+`Queue` is the queue's operations, as the broker core calls them. The parts it is built from:
+- broker/group_state.py: a group's record and its state machine: UNOWNED, OWNED (pinned to one
+  consumer), DETACHING (unpinned once its outstanding messages settle), each of them HELD or
+  not (a clustered node delivers nothing of a group it has not confirmed); the transitions
+  pin, detach, unpin, hold and unhold are listed there, and only they change a group's state;
+- broker/dispatch.py: the run queues and the steps that deliver, settle and return messages
+  (`Dispatcher`, which `Queue` extends);
+- broker/paging.py: the messages that are on disk only, per group, and which to read back or
+  spill.
 
 Invariants kept after every operation (checked by the stateful tests):
 - a group has unacknowledged messages at no more than one consumer (its owner);
 - a consumer holds at most `prefetch` unacknowledged messages;
 - within a group, messages are delivered in order, and a message returned to the queue goes
-  back to the head of its group together with every later one its consumer still held.
+  back to the head of its group together with every later one its consumer still held;
+- a group's state agrees with the facts: owned exactly when it has an owner, detaching only
+  while messages of it are out, held or detaching never in a run queue.
 """
 
 from __future__ import annotations
 
-from array import array
-from collections import deque
 from collections.abc import Container, Sequence
 
-from broker.budget import Meter, footprint
+from broker.budget import Meter
 from broker.config import QueueConfig
-from broker.effects import Delivery, Effects
+from broker.dispatch import Dispatcher
+from broker.effects import Effects
+from broker.group_state import HELD, Consumer, Group, by_key
 from broker.grouping import group_key
 from broker.info import ConsumerInfo, GroupInfo
 from broker.message import GROUP_SEQ_HEADER, Message
@@ -35,111 +41,14 @@ class NoSuchGroup(QueueError):
     """The named group is not in the queue's group table."""
 
 
-class Page:
-    """The msg ids of a group's messages that are on disk only, oldest first: 8 bytes each.
-
-    Reading back takes from the front (`front`, then `drop`); a spill puts older ids back
-    in front (`push_front`).
-    """
-
-    __slots__ = ("ids", "pos")
-
-    def __init__(self) -> None:
-        self.ids = array("q")
-        self.pos = 0  # ids before this were read back
-
-    def __len__(self) -> int:
-        return len(self.ids) - self.pos
-
-    def append(self, msg_id: int) -> None:
-        self.ids.append(msg_id)
-
-    def front(self, n: int) -> list[int]:
-        return self.ids[self.pos : self.pos + n].tolist()
-
-    def drop(self, n: int) -> None:
-        self.pos += n
-        if self.pos > 4096 and self.pos * 2 > len(self.ids):  # amortised O(1) per id
-            del self.ids[: self.pos]
-            self.pos = 0
-
-    def push_front(self, msg_ids: list[int]) -> None:
-        """Older ids (ascending) go before the rest."""
-        self.ids = array("q", msg_ids) + self.ids[self.pos :]
-        self.pos = 0
-
-
-class _Group:
-    """Kept small on purpose: one of these lives for every pinned group, idle or not."""
-
-    __slots__ = (
-        "detach", "fresh", "held", "key", "last_use_ns", "outstanding", "owner", "page",
-        "pending", "slot",
-    )  # fmt: skip
-
-    def __init__(self, key: str) -> None:
-        self.key = key
-        self.pending: deque[Message] | None = None  # None while empty: an empty deque is ~600 B
-        self.page: Page | None = None  # its newest messages, on disk only (Queue._page)
-        self.owner: _Consumer | None = None
-        self.outstanding = 0
-        self.last_use_ns = 0
-        self.detach = False  # unpin once nothing is outstanding; deliver nothing meanwhile
-        self.fresh = False  # next delivery is the first its owner gets of the group
-        self.held = False  # deliver nothing until the node knows the group is bound here
-        self.slot: deque[_Group] | None = None  # the run queue this group is in, if any
-
-
-class _Consumer:
-    __slots__ = (
-        "closed", "dirty", "groups", "id", "name", "prefetch", "progress_ns", "ready", "stalled",
-        "unacked",
-    )  # fmt: skip
-
-    def __init__(self, consumer_id: str, name: str, prefetch: int, now_ns: int) -> None:
-        self.id = consumer_id
-        self.name = name
-        self.prefetch = prefetch
-        self.unacked: dict[int, Message] = {}  # delivery id -> message, in delivery order
-        self.groups: set[_Group] = set()
-        self.ready: deque[_Group] = deque()
-        self.dirty = False
-        self.closed = False
-        # Its last settle, or the delivery that ended a spell with nothing unacked: a consumer
-        # holding messages without progress for longer than slow-consumer-threshold stalls.
-        self.progress_ns = now_ns
-        self.stalled = False  # reported as stalled (Effects.stalled) since its last progress
-
-
-class Queue:
+class Queue(Dispatcher):
     """A queue with Artemis / Qpid group semantics, driven by method calls and `now_ns`."""
 
     def __init__(
         self, name: str, address: str, settings: QueueConfig, meter: Meter | None = None
     ) -> None:
-        self.name = name
+        super().__init__(name, settings, meter if meter is not None else Meter())
         self.address = address
-        self.settings = settings
-        self.meter = meter if meter is not None else Meter()
-        # Paging (see `page`): messages on disk only, per group; ungrouped ones apart.
-        self.paged = 0  # in all
-        self.page_last = 0  # msg id of the newest paged message
-        self._ungrouped_page = Page()
-        self._wanting: dict[_Group, None] = {}  # groups with paged messages and none in memory
-        self._groups: dict[str, _Group] = {}
-        self._consumers: dict[str, _Consumer] = {}
-        self._hungry: dict[_Consumer, None] = {}  # consumers with credit (ordered set)
-        self._dirty: deque[_Consumer] = deque()  # consumers that may have ready groups and credit
-        self._unowned: deque[_Group] = deque()
-        self._ungrouped: deque[Message] = deque()
-        self._pending = 0
-        self._outstanding = 0
-        self._next_delivery = 1
-        self._paused = False  # group-rebalance-pause-dispatch in progress
-        threshold = settings.slow_consumer_threshold
-        self._slow_ns = threshold * 1_000_000 if threshold >= 0 else -1
-        self._started = False  # consumers-before-dispatch / delay-before-dispatch satisfied
-        self._first_consumer_ns: int | None = None
         # Auto-created with auto-delete-queues: deleted once empty and unused this long.
         self.idle_limit_ns: int | None = None
 
@@ -182,7 +91,8 @@ class Queue:
         ]
 
     def has_group(self, group: str) -> bool:
-        """The group has messages here (waiting or at a consumer) or an owner."""
+        """The group is known here: it has messages (waiting, paged or at a consumer), an
+        owner, or is held."""
         return group in self._groups
 
     def consumer_groups(self, consumer_id: str) -> list[str]:
@@ -203,53 +113,39 @@ class Queue:
     # ---- operations -------------------------------------------------------------------
 
     def enqueue(self, message: Message, now_ns: int, fx: Effects, may_page: bool = False) -> bool:
-        """Queue a message; True if it was paged instead (see `page`): because `may_page`
-        (its address is full under PAGE), or because older messages of its group are."""
+        """Queue a message; True if it was paged instead (kept on disk only, see
+        broker/paging.py): because `may_page` (its address is full under PAGE), or because
+        older messages of its group are."""
         message.group = key = group_key(self.settings, message.headers)
         message.group_seq = _parse_seq(message.headers.get(GROUP_SEQ_HEADER))
         if key is None:
-            if may_page or self._ungrouped_page:
-                self._page(None, message)
+            g = None
+            if may_page or self._paging.ungrouped:
+                self._paging.add(None, message)
                 return True
-            self._count(message)
-            self._pending += 1
-            self._ungrouped.append(message)
         else:
             g = self._groups.get(key)
             if g is None:
-                g = self._groups[key] = _Group(key)
+                g = self._groups[key] = Group(key)
             g.last_use_ns = now_ns
             if may_page or g.page:
-                self._page(g, message)
+                self._paging.add(g, message)
                 return True
-            self._count(message)
-            self._pending += 1
-            if g.pending is None:
-                g.pending = deque((message,))
-                self._schedule(g)
-            else:
-                g.pending.append(message)
+        self._keep(g, message)
         self._pump(now_ns, fx)
         return False
 
-    def _page(self, g: _Group | None, m: Message) -> None:
-        """Keep a message on disk only (its store write is the caller's), as persistent.
+    # ---- paging (broker/paging.py) ------------------------------------------------------
 
-        Paging is per group: from a group's first paged message on, every later one of the
-        group is paged too until `unpage` has read them all back, or it would overtake them.
-        A group with paged messages and none in memory waits in `wanted` to be read back.
-        """
-        m.persistent = True
-        self.paged += 1
-        self.page_last = m.msg_id
-        if g is None:
-            self._ungrouped_page.append(m.msg_id)
-            return
-        if g.page is None:
-            g.page = Page()
-        g.page.append(m.msg_id)
-        if g.pending is None:
-            self._wanting[g] = None
+    @property
+    def paged(self) -> int:
+        """Messages on disk only, in all."""
+        return self._paging.count
+
+    @property
+    def page_last(self) -> int:
+        """The msg id of the newest paged message (0: none yet)."""
+        return self._paging.last
 
     def wanted(self, most: int, each: int) -> list[tuple[str | None, list[int]]]:
         """Up to `most` groups to read back now, with the msg ids of up to `each` of their
@@ -257,18 +153,7 @@ class Queue:
         delivered (an owner with credit, or no owner) or are held (to be moved on); group
         None: the ungrouped messages, when none waits in memory. Nothing while no consumer
         has credit."""
-        hungry = self._hungry
-        out: list[tuple[str | None, list[int]]] = []
-        if not hungry:  # nobody could take them (held groups wait for a consumer too)
-            return out
-        if self._ungrouped_page and not self._ungrouped:
-            out.append((None, self._ungrouped_page.front(each)))
-        for g in self._wanting:
-            if len(out) >= most:
-                break
-            if g.held or g.owner is None or g.owner in hungry:
-                out.append((g.key, g.page.front(each)))  # type: ignore[union-attr]
-        return out
+        return self._paging.wanted(most, each, self._hungry, bool(self._ungrouped))
 
     def spill(self, writing: Container[int], wanted_bytes: int) -> list[Message]:
         """Page again the newest waiting messages of groups that cannot move now (their owner
@@ -279,37 +164,10 @@ class Queue:
         ids whose store write is not committed yet), persistent and never delivered go: the
         store holds them exactly as they are.
         """
-        freed = 0
-        out: list[Message] = []
-        hungry = self._hungry
-        for c in self._consumers.values():
-            if c in hungry:
-                continue
-            for g in sorted(c.groups, key=_key):  # sets iterate by address: deterministic
-                pending = g.pending
-                if g.held or not pending:
-                    continue
-                spilled = 0
-                while pending and freed < wanted_bytes:
-                    m = pending[-1]
-                    if not m.persistent or m.delivery_count or m.msg_id in writing:
-                        break
-                    pending.pop()
-                    self._uncount(m)
-                    out.append(m)
-                    freed += m.size
-                    spilled += 1
-                if spilled:
-                    self._pending -= spilled
-                    self.paged += spilled
-                    if g.page is None:
-                        g.page = Page()
-                    g.page.push_front([x.msg_id for x in reversed(out[-spilled:])])
-                    if not pending:
-                        g.pending = None
-                        self._wanting[g] = None
-                if freed >= wanted_bytes:
-                    return out
+        out = self._paging.spill(self._consumers.values(), self._hungry, writing, wanted_bytes)
+        self._pending -= len(out)
+        for m in out:
+            self._uncount(m)
         return out
 
     def unpage(
@@ -323,34 +181,25 @@ class Queue:
         """Paged messages read back from the store (`msg_ids`, from `wanted`; `messages`,
         those of them found, oldest first) join their group in memory. False (nothing done)
         if the group's page no longer starts with `msg_ids`: another read or a deletion won."""
-        g = self._groups.get(group) if group is not None else None
-        page = self._ungrouped_page if group is None else (g.page if g is not None else None)
-        if not page or page.front(len(msg_ids)) != list(msg_ids):
+        g = None
+        if group is not None:
+            g = self._groups.get(group)
+            if g is None:
+                return False
+        if not self._paging.read(g, msg_ids):
             return False
-        page.drop(len(msg_ids))
-        self.paged -= len(msg_ids)
-        if g is not None:
-            if not page:
-                g.page = None
-            self._wanting.pop(g, None)
         for m in messages:
             m.group, m.group_seq = group, _parse_seq(m.headers.get(GROUP_SEQ_HEADER))
-            self._count(m)
-            self._pending += 1
-            if g is None:
-                self._ungrouped.append(m)
-            elif g.pending is None:
-                g.pending = deque((m,))
-                self._schedule(g)
-            else:
-                g.pending.append(m)
+            self._keep(g, m)
         if g is not None and g.pending is None:
             if g.page:
-                self._wanting[g] = None
+                self._paging.want(g)
             else:
-                self._drop_if_idle(g)
+                self._forget_if_idle(g)
         self._pump(now_ns, fx)
         return True
+
+    # ---- consumers ----------------------------------------------------------------------
 
     def subscribe(
         self, consumer_id: str, name: str, prefetch: int, now_ns: int, fx: Effects
@@ -359,7 +208,7 @@ class Queue:
             raise QueueError(f"prefetch must be at least 1, got {prefetch}")
         if consumer_id in self._consumers:
             raise QueueError(f"consumer {consumer_id!r} is already subscribed to {self.name!r}")
-        c = self._consumers[consumer_id] = _Consumer(consumer_id, name, prefetch, now_ns)
+        c = self._consumers[consumer_id] = Consumer(consumer_id, name, prefetch, now_ns)
         if self._first_consumer_ns is None:
             self._first_consumer_ns = now_ns
         if self.settings.group_rebalance and len(self._consumers) > 1:
@@ -375,7 +224,7 @@ class Queue:
         c.closed = True
         self._hungry.pop(c, None)
         self._return(c, list(c.unacked.items()), now_ns, fx)
-        for g in sorted(c.groups, key=_key):  # sets iterate by address: keep it deterministic
+        for g in by_key(c.groups):
             self._unpin(g)
         if not self._consumers:
             self._started = False
@@ -448,6 +297,8 @@ class Queue:
             self._detach(g)
         self._pump(now_ns, fx)
 
+    # ---- moving messages to other nodes (cluster/sending.py, cluster/claims.py) ----------
+
     def take_ungrouped(self, fx: Effects) -> list[Message]:
         """Remove every pending ungrouped message, to move it to another node (redistribution).
 
@@ -467,30 +318,30 @@ class Queue:
         The clustered node holds a group whose binding it has not confirmed (after a restart,
         a removal, or for forwarded messages of a group it has not heard of): if the group is
         bound elsewhere, its messages must move there instead of reaching a consumer here.
-        Messages already delivered stay with their consumer.
+        Messages already delivered stay with their consumer. Holding a held group does nothing.
         """
         g = self._groups.get(group)
         if g is None:
-            g = self._groups[group] = _Group(group)
-        g.held = True
-        g.slot = None  # its entry in a run queue goes stale
+            g = self._groups[group] = Group(group)
+        if not g.state & HELD:
+            g.hold()
 
     def unhold(self, group: str, now_ns: int, fx: Effects) -> None:
-        """The group is bound here after all: dispatch it again."""
+        """The group is bound here after all: dispatch it again (nothing if it is not held)."""
         g = self._groups.get(group)
-        if g is None or not g.held:
+        if g is None or not g.state & HELD:
             return
-        g.held = False
+        g.unhold()
         if g.pending is not None:
             self._schedule(g)
         else:
-            self._drop_if_idle(g)
+            self._forget_if_idle(g)
         self._pump(now_ns, fx)
 
     def held_waiting(self, group: str) -> bool:
         """The group is on hold with messages waiting (one came back from a consumer)."""
         g = self._groups.get(group)
-        return g is not None and g.held and g.pending is not None
+        return g is not None and g.pending is not None and g.state & HELD != 0
 
     def take_group(self, group: str, fx: Effects) -> list[Message]:
         """Remove a held group's waiting messages, in order, to move them to another node.
@@ -499,7 +350,7 @@ class Queue:
         Raises QueueError unless the group is held: a dispatching group never moves.
         """
         g = self._groups.get(group)
-        if g is None or not g.held:
+        if g is None or not g.state & HELD:
             raise QueueError(f"group {group!r} of queue {self.name!r} is not on hold")
         taken = list(g.pending or ())
         g.pending = None
@@ -508,12 +359,14 @@ class Queue:
             self._uncount(m)
         fx.removed += taken
         if g.page:  # read back, held, to follow the rest
-            self._wanting[g] = None
-        elif g.outstanding == 0:
+            self._paging.want(g)
+        elif g.outstanding == 0:  # nothing left here: forgotten
             if g.owner is not None:
-                g.owner.groups.discard(g)
+                g.unpin()
             del self._groups[group]
         return taken
+
+    # ---- the whole queue ----------------------------------------------------------------
 
     def tick(self, now_ns: int, fx: Effects) -> None:
         """Lets delay-before-dispatch expire."""
@@ -529,265 +382,6 @@ class Queue:
                 held += g.pending
         return held
 
-    # ---- dispatch ---------------------------------------------------------------------
-
-    def _dispatching(self, now_ns: int) -> bool:
-        if self._paused:
-            return False
-        if self._started:
-            return True
-        s = self.settings
-        if not self._consumers:
-            return False
-        enough = len(self._consumers) >= s.consumers_before_dispatch
-        waited = (
-            s.delay_before_dispatch >= 0
-            and self._first_consumer_ns is not None
-            and now_ns - self._first_consumer_ns >= s.delay_before_dispatch * 1_000_000
-        )
-        self._started = enough or waited
-        return self._started
-
-    def _pump(self, now_ns: int, fx: Effects) -> None:
-        if not self._dispatching(now_ns):
-            return
-        dirty, hungry = self._dirty, self._hungry
-        while True:
-            while dirty:
-                self._serve(dirty.popleft(), now_ns, fx)
-            if not hungry or not self._give_shared(None, now_ns, fx):
-                return
-
-    def _serve(self, c: _Consumer, now_ns: int, fx: Effects) -> None:
-        """Fill a consumer's credit, oldest first among its own groups and the shared work."""
-        c.dirty = False
-        while not c.closed and len(c.unacked) < c.prefetch:
-            g = self._head(c.ready)
-            if g is None:
-                return
-            if self._give_shared(g.pending[0].msg_id, now_ns, fx):  # type: ignore[index]
-                continue
-            c.ready.popleft()
-            g.slot = None
-            self._deliver_head(g, c, now_ns, fx)
-
-    def _give_shared(self, older_than: int | None, now_ns: int, fx: Effects) -> bool:
-        """Hand out the oldest unowned group or ungrouped message, if older than `older_than`.
-
-        A new group goes to the consumer with the fewest groups among those with credit that
-        do not stall; ungrouped messages go round robin. Returns whether anything was delivered.
-        """
-        hungry, ungrouped = self._hungry, self._ungrouped
-        g = self._head(self._unowned)
-        g_id = g.pending[0].msg_id if g is not None else None  # type: ignore[index]
-        u_id = ungrouped[0].msg_id if ungrouped else None
-        taker: _Consumer | None = None
-        if g_id is not None and (u_id is None or g_id <= u_id):
-            if older_than is not None and g_id > older_than:
-                return False
-            # None: every consumer with credit stalls; the group waits, ungrouped work goes on.
-            taker = self._taker(now_ns, fx)
-        if taker is not None:
-            self._unowned.popleft()
-            g.slot = None  # type: ignore[union-attr]
-            c = taker
-            c.groups.add(g)  # type: ignore[arg-type]
-            g.owner = c  # type: ignore[union-attr]
-            g.fresh = True  # type: ignore[union-attr]
-            self._deliver_head(g, c, now_ns, fx)  # type: ignore[arg-type]
-            return True
-        if u_id is None or (older_than is not None and u_id > older_than):
-            return False
-        c = next(iter(hungry))
-        del hungry[c]
-        hungry[c] = None  # rotate: round robin over consumers for ungrouped messages
-        self._pending -= 1
-        self._deliver(c, None, ungrouped.popleft(), now_ns, fx)
-        return True
-
-    def _taker(self, now_ns: int, fx: Effects) -> _Consumer | None:
-        """Who gets a new group: the consumer with the fewest groups among those with credit
-        that are not stalled (a stalled one is reported once in `fx.stalled`)."""
-        best: _Consumer | None = None
-        for c in self._hungry:
-            if self._slow(c, now_ns):
-                if not c.stalled:
-                    c.stalled = True
-                    fx.stalled.append((self.name, c.name, len(c.unacked), now_ns - c.progress_ns))
-            elif best is None or len(c.groups) < len(best.groups):
-                best = c
-        return best
-
-    def _slow(self, c: _Consumer, now_ns: int) -> bool:
-        return self._slow_ns >= 0 and bool(c.unacked) and now_ns - c.progress_ns > self._slow_ns
-
-    def _progress(self, c: _Consumer, now_ns: int) -> None:
-        c.progress_ns = now_ns
-        c.stalled = False
-
-    def _deliver_head(self, g: _Group, c: _Consumer, now_ns: int, fx: Effects) -> None:
-        pending = g.pending
-        assert pending
-        m = pending.popleft()
-        if not pending:
-            g.pending = None
-            if g.page:
-                self._wanting[g] = None
-        self._pending -= 1
-        self._deliver(c, g, m, now_ns, fx)
-        if g.pending is not None and not g.detach:
-            self._push(c.ready, g, c)
-
-    def _deliver(
-        self, c: _Consumer, g: _Group | None, m: Message, now_ns: int, fx: Effects
-    ) -> None:
-        did = self._next_delivery
-        self._next_delivery = did + 1
-        if not c.unacked:
-            self._progress(c, now_ns)  # a stall is counted from the oldest unacked delivery
-        c.unacked[did] = m
-        self._outstanding += 1
-        first = False
-        if g is not None:
-            g.outstanding += 1
-            g.last_use_ns = now_ns
-            if g.fresh:
-                first = True
-                g.fresh = False
-            if m.group_seq < 0:  # closes the group once this message settles
-                g.detach = True
-        if len(c.unacked) >= c.prefetch:
-            self._hungry.pop(c, None)
-        fx.deliveries.append(Delivery(did, c.id, m, first))
-
-    def _head(self, run: deque[_Group]) -> _Group | None:
-        """The first live entry of a run queue; stale entries are dropped on the way."""
-        while run:
-            g = run[0]
-            if g.slot is run and g.pending is not None:
-                return g
-            run.popleft()
-            if g.slot is run:
-                g.slot = None
-        return None
-
-    def _push(self, run: deque[_Group], g: _Group, c: _Consumer | None) -> None:
-        if g.slot is run or g.held:
-            return
-        g.slot = run
-        run.append(g)
-        if c is not None and not c.dirty and len(c.unacked) < c.prefetch:
-            c.dirty = True
-            self._dirty.append(c)
-
-    def _schedule(self, g: _Group) -> None:
-        """Put a group that has pending messages where dispatch will find it."""
-        if g.owner is None:
-            self._push(self._unowned, g, None)
-        elif not g.detach:
-            self._push(g.owner.ready, g, g.owner)
-
-    def _refill(self, c: _Consumer) -> None:
-        """After credit came back: make the consumer eligible again."""
-        if c.closed or len(c.unacked) >= c.prefetch:
-            return
-        self._hungry[c] = None
-        if c.ready and not c.dirty:
-            c.dirty = True
-            self._dirty.append(c)
-
-    # ---- settling and returning ---------------------------------------------------------
-
-    def _settle(self, m: Message, now_ns: int) -> None:
-        """A delivered message left its consumer for good (acked or rejected)."""
-        if m.group is not None:
-            g = self._groups[m.group]
-            g.outstanding -= 1
-            g.last_use_ns = now_ns
-            if g.outstanding == 0 and (g.detach or self.settings.group_mode == "shared"):
-                self._unpin(g)
-        if self._paused and self._outstanding == 0:
-            self._paused = False
-
-    def _return(
-        self, c: _Consumer, back: Sequence[tuple[int, Message]], now_ns: int, fx: Effects
-    ) -> None:
-        """Put delivered messages back at the head of their groups, in delivery order."""
-        per_group: dict[str | None, list[Message]] = {}
-        limit = self.settings.max_delivery_attempts
-        for did, m in back:
-            del c.unacked[did]
-            self._outstanding -= 1
-            m.delivery_count += 1
-            if m.group is not None:
-                self._groups[m.group].outstanding -= 1
-            if m.delivery_count >= limit:
-                self._uncount(m)
-                fx.dead.append(m)
-            else:
-                fx.updated.append(m)
-                per_group.setdefault(m.group, []).append(m)
-        for key, msgs in per_group.items():
-            self._pending += len(msgs)
-            if key is None:
-                self._ungrouped.extendleft(reversed(msgs))
-                continue
-            g = self._groups[key]
-            if g.pending is None:
-                g.pending = deque(msgs)
-            else:
-                g.pending.extendleft(reversed(msgs))
-        touched = dict.fromkeys(self._groups[m.group] for _, m in back if m.group is not None)
-        for g in touched:
-            g.last_use_ns = now_ns
-            if g.outstanding == 0 and (g.detach or self.settings.group_mode == "shared"):
-                self._unpin(g)
-            elif g.pending is not None:
-                self._schedule(g)
-        if self._paused and self._outstanding == 0:
-            self._paused = False
-
-    def _detach(self, g: _Group) -> None:
-        if g.outstanding == 0:
-            self._unpin(g)
-        else:
-            g.detach = True
-            g.slot = None  # its entry in the owner's run queue goes stale
-
-    def _unpin(self, g: _Group) -> None:
-        owner = g.owner
-        if owner is not None:
-            owner.groups.discard(g)
-        g.owner = None
-        g.detach = False
-        g.fresh = False
-        if g.pending is not None:
-            self._push(self._unowned, g, None)
-        elif g.outstanding == 0 and not g.page:
-            del self._groups[g.key]
-
-    def _rebalance(self) -> None:
-        for g in [g for g in self._groups.values() if g.owner is not None]:
-            self._detach(g)
-        if self.settings.group_rebalance_pause_dispatch and self._outstanding:
-            self._paused = True
-
-    # ---- helpers ------------------------------------------------------------------------
-
-    def _count(self, m: Message) -> None:
-        size = m.size or footprint(m)
-        m.size = size
-        meter = self.meter  # Meter.add, inlined: this runs for every message
-        meter.bytes += size
-        if meter.node is not None:
-            meter.node.bytes += size
-
-    def _uncount(self, m: Message) -> None:
-        meter = self.meter
-        meter.bytes -= m.size
-        if meter.node is not None:
-            meter.node.bytes -= m.size
-
     @property
     def bytes(self) -> int:
         """What the messages held in memory count for (walks them: for checks, not dispatch)."""
@@ -797,19 +391,13 @@ class Queue:
         """The queue is deleted: what it held no longer counts."""
         self.meter.add(-self.bytes)
 
-    def _drop_if_idle(self, g: _Group) -> None:
-        """Forget a group that holds nothing and belongs to no one."""
-        if not (g.pending or g.page or g.outstanding or g.held or g.owner is not None):
-            self._wanting.pop(g, None)
-            del self._groups[g.key]
-
-    def _consumer(self, consumer_id: str) -> _Consumer:
+    def _consumer(self, consumer_id: str) -> Consumer:
         c = self._consumers.get(consumer_id)
         if c is None:
             raise QueueError(f"queue {self.name!r} has no consumer {consumer_id!r}")
         return c
 
-    def _settling(self, consumer_id: str, delivery_ids: Sequence[int]) -> _Consumer:
+    def _settling(self, consumer_id: str, delivery_ids: Sequence[int]) -> Consumer:
         """Check a whole settle request before touching anything, so it is all or nothing.
 
         Ids already settled or returned are ignored (a release may take back later messages
@@ -820,10 +408,6 @@ class Queue:
         if bad:
             raise QueueError(f"unknown delivery id(s) {bad} on queue {self.name!r}")
         return c
-
-
-def _key(g: _Group) -> str:
-    return g.key
 
 
 def _parse_seq(raw: str | None) -> int:

@@ -12,6 +12,7 @@ from broker.core import (
     BrokerCore,
 )
 from broker.effects import Delivery, Effects
+from broker.group_state import state_name
 from broker.message import GROUP_ID_HEADER, GROUP_SEQ_HEADER, Message
 from broker.queue import Queue
 
@@ -71,6 +72,11 @@ class Harness:
     def held_by(self, cid: str) -> list[int]:
         """Message ids the consumer holds unacknowledged, in delivery order."""
         return [m.msg_id for _, m in self.q.unacked(cid)]
+
+    def state(self, group: str) -> str | None:
+        """The group's state (`OWNED`, `DETACHING+HELD`, ...); None once it is forgotten."""
+        g = self.q._groups.get(group)
+        return None if g is None else state_name(g.state)
 
     def owner(self, group: str) -> str | None:
         owners = {g.group: g.owner for g in self.q.groups()}

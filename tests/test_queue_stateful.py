@@ -14,6 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from broker.config import QueueConfig
 from broker.effects import Effects
+from broker.group_state import DETACHING, HELD, OWNED, OWNERSHIP, UNOWNED, state_name
 from broker.message import Message
 from broker.queue import Queue
 
@@ -52,6 +53,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.deliveries_seen = 0
         self.paging = False  # sends may be paged (the core's choice when the address is full)
         self.disk: dict[str | None, list[Message]] = defaultdict(list)  # paged, per group
+        self.on_hold: set[str] = set()  # held, until unheld or forgotten
 
     # ---- steps --------------------------------------------------------------------------
 
@@ -62,8 +64,7 @@ class QueueMachine(RuleBasedStateMachine):
             m = d.message
             assert d.consumer_id in self.held, "delivered to a consumer that is not subscribed"
             self._check_in_order(d.consumer_id, m)
-            group = self.q._groups.get(m.group) if m.group is not None else None
-            assert group is None or not group.held, f"held group {m.group} delivered"
+            assert m.group not in self.on_hold, f"held group {m.group} delivered"
             self.held[d.consumer_id][d.delivery_id] = m.msg_id
             self.deliveries_seen += 1
 
@@ -202,9 +203,20 @@ class QueueMachine(RuleBasedStateMachine):
     def hold(self, key: str) -> None:
         """A clustered node holds a group it has not confirmed (cluster/claims.py)."""
         self.q.hold(key)
+        self.on_hold.add(key)
+
+    def _owned_holdable(self) -> list[str]:
+        return sorted(i.group for i in self.q.groups() if i.owner and i.group in HOLDABLE)
+
+    @precondition(lambda self: self._owned_holdable())
+    @rule(data=st.data())
+    def hold_owned(self, data: st.DataObject) -> None:
+        """A pinned group's binding is removed (cluster/claims.py `removed`): rare otherwise."""
+        self.hold(data.draw(st.sampled_from(self._owned_holdable())))
 
     @rule(key=st.sampled_from(HOLDABLE))
     def unhold(self, key: str) -> None:
+        self.on_hold.discard(key)
         fx = Effects()
         self.q.unhold(key, self.now, fx)
         self._apply(fx)
@@ -273,23 +285,68 @@ class QueueMachine(RuleBasedStateMachine):
         for info in self.q.groups():
             if self.q._groups[info.group].pending is None:
                 continue  # nothing in memory (paged ones wait to be read back)
-            if self.q._groups[info.group].held:
+            if self.q._groups[info.group].state & HELD:
                 continue  # waits for its binding to be confirmed, on purpose
             if info.owner is None:
                 stalling = {c.consumer_id for c in self.q.consumers(self.now) if c.stalled_ms}
                 assert hungry <= stalling, f"unowned group {info.group} waits beside free credit"
                 continue
-            detached = self.q._groups[info.group].detach
+            detached = self.q._groups[info.group].state & DETACHING
             assert detached or info.owner not in hungry, f"{info.group} waits at {info.owner}"
+
+    @invariant()
+    def held_groups_stay_held(self) -> None:
+        """Held from `hold` until `unhold`, or until the group is forgotten (nothing left)."""
+        if not hasattr(self, "q"):
+            return
+        self.on_hold &= set(self.q._groups)
+        held = {key for key, g in self.q._groups.items() if g.state & HELD}
+        assert held == self.on_hold
+
+    @invariant()
+    def group_states_agree_with_the_facts(self) -> None:
+        """Each group's state says what its owner, outstanding and pending messages say."""
+        if not hasattr(self, "q"):
+            return
+        q = self.q
+        out: dict[str, int] = defaultdict(int)
+        for c in q._consumers.values():
+            for m in c.unacked.values():
+                if m.group is not None:
+                    out[m.group] += 1
+        for key, g in q._groups.items():
+            state, where = g.state, f"{key} is {state_name(g.state)}"
+            assert state & ~(OWNERSHIP | HELD) == 0 and state & OWNERSHIP != OWNERSHIP, where
+            assert (state & OWNERSHIP == UNOWNED) == (g.owner is None), f"{where}, owner {g.owner}"
+            if g.owner is not None:
+                assert g.owner is q._consumers.get(g.owner.id) and g in g.owner.groups, where
+            assert g.outstanding == out[key], where
+            assert g.outstanding == 0 or state & OWNERSHIP, f"{where} with messages out"
+            assert not state & DETACHING or g.outstanding > 0, f"{where} with nothing out"
+            assert g.pending is None or g.pending, f"{where} with an empty FIFO"
+            if g.slot is not None:
+                assert not state & (HELD | DETACHING), f"{where} in a run queue"
+                assert g in g.slot, f"{where}: its slot is not its run queue"
+            if g.pending is not None and state in (UNOWNED, OWNED):
+                run = q._unowned if state == UNOWNED else g.owner.ready  # type: ignore[union-attr]
+                assert g.slot is run, f"{where} with messages waiting is not in its run queue"
+            if state == UNOWNED:
+                assert g.pending or g.page, f"{where}, holds nothing and is not forgotten"
+        for c in q._consumers.values():
+            assert all(q._groups.get(g.key) is g for g in c.groups), f"{c.id} owns a lost group"
+        wanting = q._paging.wanting
+        assert all(q._groups.get(g.key) is g and g.page for g in wanting), (
+            "a group without a page waits for a read back"
+        )
+        for g in q._groups.values():
+            assert not (g.page and g.pending is None) or g in wanting, f"{g.key} is not wanted"
 
     def teardown(self) -> None:
         """Liveness: a fresh consumer that acks everything drains the queue completely."""
         if not hasattr(self, "q"):
             return
         for key in HOLDABLE:
-            fx = Effects()
-            self.q.unhold(key, self.now, fx)
-            self._apply(fx)
+            self.unhold(key)
         for consumer in list(self.held):
             del self.held[consumer]
             fx = Effects()
