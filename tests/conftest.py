@@ -19,13 +19,16 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ports import reserve_port
+
+if TYPE_CHECKING:
+    from broker.client import Client
 
 START_TIMEOUT_S = 20.0
 pytest_plugins = ["stomp_helpers"]  # the STOMP test modules' fixtures (snode, admin, connect, raw)
@@ -34,6 +37,11 @@ pytest_plugins = ["stomp_helpers"]  # the STOMP test modules' fixtures (snode, a
 def unique(prefix: str = "q") -> str:
     """A queue/address/group name no other test uses (tests share one node)."""
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+async def depth(client: Client, queue: str) -> int:
+    """Messages `queue` holds at the client's node, delivered or not, not yet acknowledged."""
+    return next(q.depth for q in await client.queues() if q.name == queue)
 
 
 def get(address: str, path: str) -> tuple[int, dict[str, Any]]:
@@ -142,6 +150,17 @@ class NodeProcess:
             self.proc.kill()
             self.proc.wait()
             raise
+
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """The node stopped (SIGSTOP) inside the block: sockets open, nothing answered, nothing
+        noticed; it carries on (SIGCONT) when the block ends, whatever happened."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(self.proc.pid, signal.SIGCONT)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

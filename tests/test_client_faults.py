@@ -34,17 +34,6 @@ def node(tmp_path: Path) -> Iterator[NodeProcess]:
         process.kill()
 
 
-@contextlib.contextmanager
-def frozen(node: NodeProcess) -> Iterator[None]:
-    """The node stopped (SIGSTOP) inside the block: sockets open, nothing answered."""
-    assert node.proc is not None
-    os.kill(node.proc.pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(node.proc.pid, signal.SIGCONT)
-
-
 async def until_it_works(call: Callable[[], Awaitable[object]]) -> float:
     """Retry `call` while it fails with Unavailable; seconds until it worked (bounded)."""
     started = time.monotonic()
@@ -74,7 +63,7 @@ async def test_a_frozen_node_fails_a_send_as_outcome_unknown_instead_of_hanging(
     async with Client(node.url) as client:
         await client.create_queue(queue)
         producer = client.producer(queue)
-        with frozen(node):
+        with node.frozen():
             async with asyncio.timeout(GUARD_S):  # keepalive ends it within two intervals
                 with pytest.raises(OutcomeUnknown, match="the outcome is unknown") as err:
                     await producer.send("sent into the freeze")
@@ -91,7 +80,7 @@ async def test_a_call_past_its_deadline_is_outcome_unknown(node: NodeProcess) ->
     queue = unique("deadline")
     async with Client(node.url, call_timeout=0.5) as client:
         await client.create_queue(queue)
-        with frozen(node):
+        with node.frozen():
             with pytest.raises(OutcomeUnknown, match="in time: the outcome is unknown") as err:
                 await client.queues()
             assert err.value.code == "DEADLINE_EXCEEDED"
