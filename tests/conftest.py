@@ -28,7 +28,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ports import reserve_port
 
 if TYPE_CHECKING:
-    from broker.client import Client
+    from broker.client import Client, Received
 
 START_TIMEOUT_S = 20.0
 pytest_plugins = ["stomp_helpers"]  # the STOMP test modules' fixtures (snode, admin, connect, raw)
@@ -42,6 +42,23 @@ def unique(prefix: str = "q") -> str:
 async def depth(client: Client, queue: str) -> int:
     """Messages `queue` holds at the client's node, delivered or not, not yet acknowledged."""
     return next(q.depth for q in await client.queues() if q.name == queue)
+
+
+async def drain(client: Client, queue: str, guard_s: float = 30.0) -> list[Received]:
+    """Every message `queue` holds at the client's node, received and acked, in the order
+    received. Nothing more comes: the node sends deliveries before the receipt of the acks
+    that follow them, and then holds none (a wait could only prove that nothing came soon)."""
+    count = await depth(client, queue)
+    got: list[Received] = []
+    async with client.consumer(queue, prefetch=1000) as consumer:
+        while len(got) < count:
+            m = await consumer.receive(timeout=guard_s)
+            assert m is not None, f"only {len(got)} of the {count} messages of {queue} came"
+            got.append(m)
+        await consumer.ack_many(got, wait=True)
+        assert await consumer.receive(0) is None, f"more than the {count} messages came"
+    assert await depth(client, queue) == 0
+    return got
 
 
 def get(address: str, path: str) -> tuple[int, dict[str, Any]]:

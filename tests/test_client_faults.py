@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import NodeProcess, unique
+from conftest import NodeProcess, drain, unique
 
 from broker.client import Client, ConnectionLost, OutcomeUnknown, Received, Unavailable
 
@@ -48,12 +48,7 @@ async def until_it_works(call: Callable[[], Awaitable[object]]) -> float:
 
 async def drained(client: Client, queue: str) -> list[bytes]:
     """Every message left on `queue`, acked, in the order received."""
-    bodies = []
-    async with client.consumer(queue, prefetch=1000) as consumer:
-        while (m := await consumer.receive(timeout=2)) is not None:
-            bodies.append(m.body)
-            await m.ack()
-    return bodies
+    return [m.body for m in await drain(client, queue)]
 
 
 async def test_a_frozen_node_fails_a_send_as_outcome_unknown_instead_of_hanging(
