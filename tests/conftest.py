@@ -33,6 +33,48 @@ if TYPE_CHECKING:
 START_TIMEOUT_S = 20.0
 pytest_plugins = ["stomp_helpers"]  # the STOMP test modules' fixtures (snode, admin, connect, raw)
 
+# `make test` runs tests on several pytest-xdist workers, each test on its own, except the
+# modules named here: the tests of a group run on one worker, one after another, and groups are
+# handed out first, the biggest first.
+XDIST_GROUPS = {
+    # Drills that must not overlap one another: each loads a cluster, fails its processes
+    # against a 1 s failure-timeout, and ends with a Spark check.
+    "test_ha.py": "ha drills",
+    "test_compose.py": "container drills",  # its image is a module fixture too
+    "test_drills.py": "cluster drills",
+    # A module fixture (a node, a cluster, a run of the README tours) serves the module's tests:
+    # on one worker it starts once.
+    **{
+        name: name
+        for name in (
+            "test_audit_cluster.py",
+            "test_cluster.py",
+            "test_input_validation.py",
+            "test_readme_tours.py",
+            "test_stomp.py",
+            "test_stomp_errors.py",
+            "test_stomp_groups.py",
+        )
+    },
+}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup` by XDIST_GROUPS. xdist's own loadgroup reads `xdist_group` marks by
+    appending the group to each test's id, which pytest 9.2 no longer lets it do: the marks
+    are silently ignored (pytest-xdist#1386). The scheduler needs only the ids."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0].rpartition("/")[2]
+            return XDIST_GROUPS.get(module, nodeid)
+
+    return ModuleGroups(config, log)
+
 
 def unique(prefix: str = "q") -> str:
     """A queue/address/group name no other test uses (tests share one node)."""
