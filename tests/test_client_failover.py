@@ -51,6 +51,7 @@ def duplicate_ids(messages: list[Received]) -> dict[int, str]:
     return ids
 
 
+@pytest.mark.slow
 async def test_the_client_follows_its_nodes_and_gives_up_once_none_is_left(
     node_factory: Nodes,
 ) -> None:

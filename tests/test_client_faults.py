@@ -83,6 +83,7 @@ async def test_a_call_past_its_deadline_is_outcome_unknown(node: NodeProcess) ->
                 await client.producer(queue).send_many(["a", "b"], batch_size=1)
 
 
+@pytest.mark.slow
 async def test_a_client_outlives_a_30_s_outage_and_is_told_nothing_was_sent_meanwhile(
     node: NodeProcess,
 ) -> None:

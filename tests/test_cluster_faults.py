@@ -107,6 +107,7 @@ async def bind_then_stop_all(
     return owner, bound
 
 
+@pytest.mark.slow
 async def test_the_whole_cluster_restarts_and_its_bindings_hold(
     tmp_path: Path, own: list[ClusterNodes]
 ) -> None:
@@ -134,6 +135,7 @@ async def test_the_whole_cluster_restarts_and_its_bindings_hold(
             await client.close()
 
 
+@pytest.mark.slow
 async def test_a_group_bound_to_a_dead_node_waits_for_it_and_moves_only_when_forced(
     tmp_path: Path, own: list[ClusterNodes]
 ) -> None:
@@ -206,6 +208,7 @@ async def test_a_group_bound_to_a_dead_node_waits_for_it_and_moves_only_when_for
             await client.close()
 
 
+@pytest.mark.slow
 async def test_a_restarted_local_node_keeps_bindings_to_a_queue_that_stays_away(
     tmp_path: Path, own: list[ClusterNodes]
 ) -> None:
@@ -389,6 +392,7 @@ async def test_a_frozen_peer_is_noticed_logged_and_linked_again_when_it_thaws(
     assert all(v["connected"] for v in nodes.view("n1").values())
 
 
+@pytest.mark.slow
 async def test_a_paged_group_moved_while_its_node_was_down_follows_its_binding(
     tmp_path: Path, own: list[ClusterNodes]
 ) -> None:

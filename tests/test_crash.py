@@ -263,6 +263,7 @@ def test_kill_9_under_load_loses_nothing_acknowledged(
         receipted |= rec.receipted | {m.msg_id for m in got}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("setting", "grouped_count"), [("grouped", 2), ("none", 1)])
 async def test_messages_out_when_the_node_is_killed_come_back_with_their_delivery_count(
     tmp_path: Path, setting: str, grouped_count: int

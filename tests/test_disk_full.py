@@ -112,6 +112,7 @@ async def send_until_refused(client: Client, queue: str, body: bytes, volume_mib
     return acked
 
 
+@pytest.mark.slow
 async def test_a_full_disk_refuses_sends_lets_consumers_drain_and_sends_resume(
     tmp_path: Path, mount: Callable[[int], Path]
 ) -> None:
@@ -195,6 +196,7 @@ EATEN_VOLUME_MIB = 24
 EATEN_BODY = b"e" * 64 * 1024  # ~220 messages, whose acks overwrite 14 MiB: thrice the log
 
 
+@pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
     raises=DrainWaits,

@@ -30,6 +30,8 @@ from drill_parts import HOLD, Worker, clean_check
 from broker.audit import read_events
 from broker.client import Client, PinmqError, Producer
 
+pytestmark = pytest.mark.slow  # each drill ends with a Spark check: a minute or more
+
 TIMEOUT_MS = 500  # the grouping handler's decision timeout
 GROUPS = 24
 PER_GROUP = 30  # messages per group: half before the kill, half while the node is away

@@ -24,6 +24,8 @@ from typing import Any
 import pytest
 from conftest import PINMQ
 
+pytestmark = pytest.mark.slow  # the tours take 40 s and more: a module fixture, for all of them
+
 REPO = Path(__file__).resolve().parent.parent
 MARK = "@@@ tour line "
 SCRATCH = "@@@ tour scratch "

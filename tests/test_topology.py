@@ -221,6 +221,7 @@ def _queue(view: dict[str, dict[str, Any]], node: str, queue: str) -> int | None
     return entry["instances"].get(queue) if entry and entry["connected"] else None
 
 
+@pytest.mark.slow
 async def test_gossip_queues_consumers_and_a_peer_restart(cluster: Cluster) -> None:
     cluster.start(
         {
