@@ -37,10 +37,13 @@ pytest_plugins = ["stomp_helpers"]  # the STOMP test modules' fixtures (snode, a
 # modules named here: the tests of a group run on one worker, one after another, and groups are
 # handed out first, the biggest first.
 XDIST_GROUPS = {
-    # Drills that must not overlap one another: each loads a cluster, fails its processes
-    # against a 1 s failure-timeout, and ends with a Spark check.
-    "test_ha.py": "ha drills",
-    "test_compose.py": "container drills",  # its image is a module fixture too
+    # Failover drills, in processes and in containers, one at a time: each fails an ha pair
+    # against a 1 s failure-timeout, and two at once (four loaded processes or containers
+    # each, then a Spark check) would leave the outcome to the scheduler of two cores;
+    # test_compose's image is a module fixture too.
+    "test_ha.py": "failover drills",
+    "test_compose.py": "failover drills",
+    # Cluster drills one at a time: each loads three nodes and ends with a Spark check.
     "test_drills.py": "cluster drills",
     # A module fixture (a node, a cluster, a run of the README tours) serves the module's tests:
     # on one worker it starts once.
