@@ -66,10 +66,15 @@ standalone: $(STAMP)
 prerequisites:
 	@$(PY) tests/prerequisites.py
 
+# Most tests wait on processes, so TEST_WORKERS pytest-xdist workers run them side by side; the
+# modules of tests/conftest.py's XDIST_GROUPS (drills that must not overlap, a shared cluster)
+# run whole on one worker each. TEST_WORKERS=0: one process, in order. Every run ends with its
+# 15 slowest tests (addopts in pyproject.toml).
+TEST_WORKERS ?= 4
 test: prerequisites $(STAMP) $(COMPOSE_PLUGIN)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports  # the layers and no import cycles: pyproject.toml, docs/architecture.md
-	$(BIN)/python -m pytest -q --ignore=tests/test_pipeline.py
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --ignore=tests/test_pipeline.py
 	# Spark in a process of its own: after the gRPC tests its JVM gateway failed to start in-process.
 	$(BIN)/python -m pytest -q tests/test_pipeline.py
 

@@ -19,7 +19,7 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import pytest
@@ -27,13 +27,83 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ports import reserve_port
 
+if TYPE_CHECKING:
+    from broker.client import Client, Received
+
 START_TIMEOUT_S = 20.0
 pytest_plugins = ["stomp_helpers", "store_harness"]  # fixtures of the STOMP and store tests
+
+# `make test` runs tests on several pytest-xdist workers, each test on its own, except the
+# modules named here: the tests of a group run on one worker, one after another, and groups are
+# handed out first, the biggest first.
+XDIST_GROUPS = {
+    # Failover drills, in processes and in containers, one at a time: each fails an ha pair
+    # against a 1 s failure-timeout, and two at once (four loaded processes or containers
+    # each, then a Spark check) would leave the outcome to the scheduler of two cores;
+    # test_compose's image is a module fixture too.
+    "test_ha.py": "failover drills",
+    "test_compose.py": "failover drills",
+    # Cluster drills one at a time: each loads three nodes and ends with a Spark check.
+    "test_drills.py": "cluster drills",
+    # A module fixture (a node, a cluster, a run of the README tours) serves the module's tests:
+    # on one worker it starts once.
+    **{
+        name: name
+        for name in (
+            "test_audit_cluster.py",
+            "test_cluster.py",
+            "test_input_validation.py",
+            "test_readme_tours.py",
+            "test_stomp.py",
+            "test_stomp_errors.py",
+            "test_stomp_groups.py",
+        )
+    },
+}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup` by XDIST_GROUPS. xdist's own loadgroup reads `xdist_group` marks by
+    appending the group to each test's id, which pytest 9.2 no longer lets it do: the marks
+    are silently ignored (pytest-xdist#1386). The scheduler needs only the ids."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0].rpartition("/")[2]
+            return XDIST_GROUPS.get(module, nodeid)
+
+    return ModuleGroups(config, log)
 
 
 def unique(prefix: str = "q") -> str:
     """A queue/address/group name no other test uses (tests share one node)."""
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+async def depth(client: Client, queue: str) -> int:
+    """Messages `queue` holds at the client's node, delivered or not, not yet acknowledged."""
+    return next(q.depth for q in await client.queues() if q.name == queue)
+
+
+async def drain(client: Client, queue: str, guard_s: float = 30.0) -> list[Received]:
+    """Every message `queue` holds at the client's node, received and acked, in the order
+    received. Nothing more comes: the node sends deliveries before the receipt of the acks
+    that follow them, and then holds none (a wait could only prove that nothing came soon)."""
+    count = await depth(client, queue)
+    got: list[Received] = []
+    async with client.consumer(queue, prefetch=1000) as consumer:
+        while len(got) < count:
+            m = await consumer.receive(timeout=guard_s)
+            assert m is not None, f"only {len(got)} of the {count} messages of {queue} came"
+            got.append(m)
+        await consumer.ack_many(got, wait=True)
+        assert await consumer.receive(0) is None, f"more than the {count} messages came"
+    assert await depth(client, queue) == 0
+    return got
 
 
 def get(address: str, path: str) -> tuple[int, dict[str, Any]]:
@@ -142,6 +212,17 @@ class NodeProcess:
             self.proc.kill()
             self.proc.wait()
             raise
+
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """The node stopped (SIGSTOP) inside the block: sockets open, nothing answered, nothing
+        noticed; it carries on (SIGCONT) when the block ends, whatever happened."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(self.proc.pid, signal.SIGCONT)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

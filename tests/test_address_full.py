@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import PINMQ, NodeProcess, get
+from conftest import PINMQ, NodeProcess, depth, get
 from stomp_helpers import Raw
 
 from broker.client import Client, Full
@@ -43,16 +43,17 @@ def resources(node: NodeProcess) -> dict[str, Any]:
 
 
 async def drain(client: Client, queue: str, count: int) -> dict[str, list[int]]:
-    """Receive and ack `count` messages; the JMSXGroupSeq values per group, as received."""
+    """Receive and ack `count` messages; the JMSXGroupSeq values per group, as received.
+    No more came before the receipt of the last ack (the node sends deliveries first)."""
     seen: dict[str, list[int]] = defaultdict(list)
     async with client.consumer(queue, prefetch=50) as consumer:
-        for _ in range(count):
+        for i in range(count):
             m = await consumer.receive(timeout=30)
             assert m is not None, f"only {sum(map(len, seen.values()))} of {count} arrived"
             assert m.group_id is not None
             seen[m.group_id].append(m.group_seq)
-            await m.ack()
-        assert await consumer.receive(timeout=0.3) is None
+            await m.ack(wait=i == count - 1)
+        assert await consumer.receive(0) is None
     return seen
 
 
@@ -78,6 +79,7 @@ async def test_fail_refuses_past_max_size_bytes_and_takes_sends_again_once_drain
         assert (await client.queues())[0].depth == sent  # nothing refused got in
         seen = await drain(client, queue, sent)
         assert seen["g"] == sorted(seen["g"]) and len(seen["g"]) == sent
+        assert await depth(client, queue) == 0
         await producer.send(b"room again")
 
 
@@ -115,6 +117,7 @@ async def test_block_holds_producers_until_consumers_make_room(node: NodeProcess
             assert resources(node)["blocked_producers"] == 6
             assert (await client.queues())[0].depth < BUDGET // 1024
             seen = await drain(client, queue, 202)
+            assert await depth(client, queue) == 0
             await sending
             assert raw.frame().headers.get("receipt-id") == "held"
             out, err = cli.communicate(timeout=30)
@@ -261,5 +264,6 @@ async def test_a_stuck_consumer_does_not_hold_back_other_groups_paged_messages(
         assert resources(node)["paged_messages"] > 100
         seen = await drain(client, queue, 100)
         assert seen == {"free": list(range(1, 101))}
+        assert await depth(client, queue) == 150  # the stuck group's, one of them out
         assert resources(node)["memory_bytes"] <= PAGE_BUDGET + 2048 * 10
         await stuck.close()

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))
 
@@ -52,6 +54,7 @@ def test_end_to_end_runs_and_verifies() -> None:
     assert "all checks PASS" in out
 
 
+@pytest.mark.slow
 def test_cluster_throughput_runs_and_verifies() -> None:
     out = _run(
         "cluster_throughput.py", "--messages", "900", "--groups", "30", "--variants", "on-demand"
@@ -62,6 +65,7 @@ def test_cluster_throughput_runs_and_verifies() -> None:
     assert "all checks PASS" in out
 
 
+@pytest.mark.slow
 def test_ha_catchup_runs_and_verifies() -> None:
     out = _run("ha.py", "--catchup", "--pending", "800", "--baseline", "1")
     assert "snapshots begun: " in out

@@ -208,8 +208,10 @@ async def _until(check: Any, what: str) -> None:
         await asyncio.sleep(0.02)
 
 
-async def _consume(url: str, queue: str, n: int) -> list[Received]:
-    """Receive and ack exactly n messages from `queue`, then check nothing more comes."""
+async def _consume(url: str, queue: str, n: int, sender: Sender | None = None) -> list[Received]:
+    """Receive and ack exactly n messages from `queue`, then check nothing more comes: none
+    before the receipt of the last ack (deliveries go first), and once the sender's SF queue
+    is empty (nothing more on its way) the queue holds nothing."""
     got: list[Received] = []
     async with Client(url) as client:
         deadline = time.monotonic() + WAIT_S
@@ -222,9 +224,13 @@ async def _consume(url: str, queue: str, n: int) -> list[Received]:
             m = await consumer.receive(WAIT_S)
             assert m is not None, f"only {len(got)} of {n} messages arrived"
             got.append(m)
-            await m.ack()
-        extra = await consumer.receive(0.3)
+            await m.ack(wait=len(got) == n)
+        extra = await consumer.receive(0)
         assert extra is None, f"an extra message arrived: {extra.body!r} {extra.headers}"
+        if sender is not None:
+            await _until(lambda: sender.sf_depth() == 0, "the SF queue to drain")
+        [left] = [q.depth for q in await client.queues() if q.name == queue]
+        assert left == 0, f"{left} extra messages arrived"
         await consumer.close()
     return got
 
@@ -241,13 +247,12 @@ async def test_forwarded_messages_arrive_in_order_exactly_once(
     bodies = [f"m{i}" for i in range(3000)]
     for i in range(0, len(bodies), 500):  # the bridge is busy while more arrive
         await sender.forward(bodies[i : i + 500], JMSXGroupID="g1")
-    got = await _consume(b.url, "orders", len(bodies))
+    got = await _consume(b.url, "orders", len(bodies), sender)
     assert _bodies(got) == bodies
     seqs = [int(m.headers[FORWARD_HEADER].split(":")[1]) for m in got]
     assert all(m.headers[FORWARD_HEADER].startswith("a:") for m in got)
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
     assert {m.group_id for m in got} == {"g1"}  # grouping applies again at the target queue
-    await _until(lambda: sender.sf_depth() == 0, "the SF queue to drain")
     assert sender.cluster.receiver.duplicates == 0
 
 
@@ -264,12 +269,10 @@ async def test_messages_wait_for_a_down_peer_and_survive_a_sender_restart(
     names = [q.name for q in node.engine.queues()]
     assert names == ["$sf.pinmq.b"]
     await sender.forward([f"m{i}" for i in range(200, 300)])
-    await asyncio.sleep(0.3)  # b is still down: nothing may leave
-    assert sender.sf_depth() == 300
+    assert sender.sf_depth() == 300  # b is still down: they wait, and arrive whole after
     b.start()
-    got = await _consume(b.url, "orders", 300)
+    got = await _consume(b.url, "orders", 300, sender)
     assert _bodies(got) == [f"m{i}" for i in range(300)]
-    await _until(lambda: sender.sf_depth() == 0, "the SF queue to drain")
 
 
 async def test_receiver_killed_mid_transfer_enqueues_nothing_twice(
@@ -297,9 +300,8 @@ async def test_receiver_killed_mid_transfer_enqueues_nothing_twice(
     b.stop(signal.SIGKILL)
     await more(2000)
     b.start()
-    got = await _consume(b.url, "orders", len(bodies))
+    got = await _consume(b.url, "orders", len(bodies), sender)
     assert _bodies(got) == bodies
-    await _until(lambda: sender.sf_depth() == 0, "the SF queue to drain")
     assert bridge.sent > len(bodies)  # what was in flight at the kill went again
 
 

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import NodeProcess, unique
+from conftest import NodeProcess, drain, unique
 
 from broker.client import Client, ConnectionLost, OutcomeUnknown, Received, Unavailable
 
@@ -34,17 +34,6 @@ def node(tmp_path: Path) -> Iterator[NodeProcess]:
         process.kill()
 
 
-@contextlib.contextmanager
-def frozen(node: NodeProcess) -> Iterator[None]:
-    """The node stopped (SIGSTOP) inside the block: sockets open, nothing answered."""
-    assert node.proc is not None
-    os.kill(node.proc.pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(node.proc.pid, signal.SIGCONT)
-
-
 async def until_it_works(call: Callable[[], Awaitable[object]]) -> float:
     """Retry `call` while it fails with Unavailable; seconds until it worked (bounded)."""
     started = time.monotonic()
@@ -59,12 +48,7 @@ async def until_it_works(call: Callable[[], Awaitable[object]]) -> float:
 
 async def drained(client: Client, queue: str) -> list[bytes]:
     """Every message left on `queue`, acked, in the order received."""
-    bodies = []
-    async with client.consumer(queue, prefetch=1000) as consumer:
-        while (m := await consumer.receive(timeout=2)) is not None:
-            bodies.append(m.body)
-            await m.ack()
-    return bodies
+    return [m.body for m in await drain(client, queue)]
 
 
 async def test_a_frozen_node_fails_a_send_as_outcome_unknown_instead_of_hanging(
@@ -74,7 +58,7 @@ async def test_a_frozen_node_fails_a_send_as_outcome_unknown_instead_of_hanging(
     async with Client(node.url) as client:
         await client.create_queue(queue)
         producer = client.producer(queue)
-        with frozen(node):
+        with node.frozen():
             async with asyncio.timeout(GUARD_S):  # keepalive ends it within two intervals
                 with pytest.raises(OutcomeUnknown, match="the outcome is unknown") as err:
                     await producer.send("sent into the freeze")
@@ -91,7 +75,7 @@ async def test_a_call_past_its_deadline_is_outcome_unknown(node: NodeProcess) ->
     queue = unique("deadline")
     async with Client(node.url, call_timeout=0.5) as client:
         await client.create_queue(queue)
-        with frozen(node):
+        with node.frozen():
             with pytest.raises(OutcomeUnknown, match="in time: the outcome is unknown") as err:
                 await client.queues()
             assert err.value.code == "DEADLINE_EXCEEDED"
@@ -99,6 +83,7 @@ async def test_a_call_past_its_deadline_is_outcome_unknown(node: NodeProcess) ->
                 await client.producer(queue).send_many(["a", "b"], batch_size=1)
 
 
+@pytest.mark.slow
 async def test_a_client_outlives_a_30_s_outage_and_is_told_nothing_was_sent_meanwhile(
     node: NodeProcess,
 ) -> None:

@@ -25,7 +25,7 @@ from cluster_nodes import (
     stomp_send,
     until,
 )
-from conftest import cli, get, unique
+from conftest import cli, depth, get, unique
 from grpc_health.v1 import health_pb2
 
 from broker.client import Client, PinmqError, RefusedForNow, Unavailable
@@ -107,6 +107,7 @@ async def bind_then_stop_all(
     return owner, bound
 
 
+@pytest.mark.slow
 async def test_the_whole_cluster_restarts_and_its_bindings_hold(
     tmp_path: Path, own: list[ClusterNodes]
 ) -> None:
@@ -134,6 +135,7 @@ async def test_the_whole_cluster_restarts_and_its_bindings_hold(
             await client.close()
 
 
+@pytest.mark.slow
 async def test_a_group_bound_to_a_dead_node_waits_for_it_and_moves_only_when_forced(
     tmp_path: Path, own: list[ClusterNodes]
 ) -> None:
@@ -150,8 +152,12 @@ async def test_a_group_bound_to_a_dead_node_waits_for_it_and_moves_only_when_for
         assert in_order(lost, {group: ["a0", "a1"]}) == {group: "n3"}
         await lost.close()
         nodes.stop("n3", signal.SIGKILL)
+        for node_id in ("n1", "n2"):  # they know n3 is gone: from here on it is absent
+            nodes.wait_until(
+                lambda n=node_id: not nodes.view(n)["n3"]["connected"], f"{node_id} to see n3 gone"
+            )
         await consumers_on(nodes, queue, ["n1"], found, clients)
-        await asyncio.sleep(1.5)  # 3x the handler timeout: absence alone never re-binds
+        await asyncio.sleep(1.5)  # absent 3x the handler timeout: absence alone never re-binds
         async with nodes.client("n2") as client:
             await client.producer(queue, group_id=group).send("waits")  # for n3, in SF
             listing = await client.cluster_groups(queue, group=group)
@@ -187,8 +193,14 @@ async def test_a_group_bound_to_a_dead_node_waits_for_it_and_moves_only_when_for
         got = [(label, m.body.decode()) for label, m in found.got]
         assert got[:2] == [("n1", "b0"), ("n1", "b1")] and got[-1] == ("n1", "waits"), got
         assert {body for _, body in got[2:-1]} <= {"a0", "a1"}, got  # unacked when n3 died
-        await asyncio.sleep(0.5)
-        assert back.got == []
+
+        async def settled_at_n3() -> bool:  # nothing on its way to n3, nothing held there
+            async with nodes.client("n2") as n2, nodes.client("n3") as n3:
+                held = [c.unacked for c in await n3.consumers(queue)]
+                return await sf_depth(n2, "n3") == 0 and await depth(n3, queue) == 0 == sum(held)
+
+        await until(settled_at_n3, "n3 to hold nothing")
+        assert back.got == []  # what n3 delivered, its consumer took before acking it
         await back.close()
     finally:
         await found.close()
@@ -196,6 +208,7 @@ async def test_a_group_bound_to_a_dead_node_waits_for_it_and_moves_only_when_for
             await client.close()
 
 
+@pytest.mark.slow
 async def test_a_restarted_local_node_keeps_bindings_to_a_queue_that_stays_away(
     tmp_path: Path, own: list[ClusterNodes]
 ) -> None:
@@ -379,6 +392,7 @@ async def test_a_frozen_peer_is_noticed_logged_and_linked_again_when_it_thaws(
     assert all(v["connected"] for v in nodes.view("n1").values())
 
 
+@pytest.mark.slow
 async def test_a_paged_group_moved_while_its_node_was_down_follows_its_binding(
     tmp_path: Path, own: list[ClusterNodes]
 ) -> None:

@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from conftest import NodeProcess, cli, unique
 
-from broker.client import Client
+from broker.client import Client, ConsumerInfo
 
 SETTINGS = {"#": {"default-slow-consumer-threshold": 300}}
+GUARD_S = 20.0
 
 
 @pytest.fixture
@@ -23,6 +24,18 @@ def node(tmp_path: Path) -> Iterator[NodeProcess]:
     node = NodeProcess(tmp_path, extra).start()
     yield node
     node.kill()
+
+
+async def until_consumer(
+    client: Client, queue: str, name: str, check: Callable[[ConsumerInfo], bool]
+) -> ConsumerInfo:
+    """The consumer named so (any: "") as the node reports it, once `check` holds (bounded)."""
+    async with asyncio.timeout(GUARD_S):
+        while True:
+            for info in await client.consumers(queue):
+                if name in ("", info.name) and check(info):
+                    return info
+            await asyncio.sleep(0.05)
 
 
 async def test_a_stalled_consumer_gets_no_new_group_and_is_reported(node: NodeProcess) -> None:
@@ -36,7 +49,7 @@ async def test_a_stalled_consumer_gets_no_new_group_and_is_reported(node: NodePr
         await first.send(b"held forever")  # to `stuck`, the first consumer: never acked
         m = await stuck.receive(timeout=5)
         assert m is not None and m.group_id == "g0"
-        await asyncio.sleep(0.4)  # past the threshold without a settle
+        await until_consumer(client, queue, "stuck", lambda c: c.stalled_ms > 0)  # the node's view
         await busy.start()
         for g in range(1, 6):  # `busy` has more groups each time, yet gets every new one
             await client.producer(queue, group_id=f"g{g}").send(b"x")
@@ -65,7 +78,7 @@ async def test_a_consumer_never_holds_more_than_max_prefetch(node: NodeProcess) 
         await client.producer(queue).send_batch([b"m"] * 50)
         consumer = client.consumer(queue, prefetch=2**31 - 1)
         await consumer.start()
-        await asyncio.sleep(0.3)
-        [info] = await client.consumers(queue)
+        # One dispatch fills the consumer's credit; no more comes without a settle.
+        info = await until_consumer(client, queue, "", lambda c: c.unacked > 0)
         assert info.prefetch == 5 and info.unacked == 5
         await consumer.close()

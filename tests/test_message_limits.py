@@ -21,7 +21,7 @@ from stomp_helpers import Raw
 from broker.client import Client, InvalidArgument
 from broker.config_file import ConfigError, load_config
 from broker.message import DUPLICATE_ID_HEADER
-from pinmq.grpc_api import _abort
+from pinmq.grpc_status import abort
 from pinmq.stomp.frames import encode_frame
 
 LIMIT = 64 * 1024
@@ -133,7 +133,7 @@ async def test_a_request_that_does_not_decode_is_invalid_argument_not_unknown(
 
 
 class _Context:
-    """Records how `_abort` ends a call."""
+    """Records how `abort` ends a call."""
 
     def __init__(self) -> None:
         self.ended: tuple[Any, str] | None = None
@@ -146,7 +146,7 @@ class _Context:
 async def test_out_of_memory_is_resource_exhausted() -> None:
     context = _Context()
     with pytest.raises(asyncio.CancelledError):
-        await _abort(context, MemoryError())  # type: ignore[arg-type]
+        await abort(context, MemoryError())  # type: ignore[arg-type]
     assert context.ended == (grpc.StatusCode.RESOURCE_EXHAUSTED, "the node is out of memory")
 
 

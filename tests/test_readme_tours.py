@@ -24,11 +24,16 @@ from typing import Any
 import pytest
 from conftest import PINMQ
 
+pytestmark = pytest.mark.slow  # the tours take 40 s and more: a module fixture, for all of them
+
 REPO = Path(__file__).resolve().parent.parent
 MARK = "@@@ tour line "
 SCRATCH = "@@@ tour scratch "
 HINT = "@@@ up hint"
 RUN_TIMEOUT_S = 240
+# What the test tools write into the repository root: other tests, run alongside (xdist), may
+# create these while the tours run (a hypothesis test its example database, say).
+TOOL_CACHES = frozenset({".hypothesis", ".pytest_cache", ".ruff_cache", "__pycache__"})
 
 
 def readme_block(heading: str) -> list[str]:
@@ -128,7 +133,7 @@ def tours(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tours]:
             f"cd {shlex.quote(str(work))} && {down}",
         ]
     )
-    before = {p.name for p in REPO.iterdir()}
+    before = {p.name for p in REPO.iterdir()} | TOOL_CACHES
     env = {
         **os.environ,
         "TMPDIR": str(work / "tmp"),  # where `mktemp -d` puts each tour's scratch directory

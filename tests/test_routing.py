@@ -209,8 +209,12 @@ async def test_cluster_node_routes_over_gossiped_instances(tmp_path: Path) -> No
         # An SF queue is never advertised as a routing target.
         with a.engine.unit() as unit:
             unit.place(ca.forwarding("b", "orders.q", Outgoing("orders", b"x", {}, True)))
-        ca.local_changed()
-        await asyncio.sleep(0.2)
+        async with Client(a.config.listen.client) as client_a:  # a change announced after it
+            await client_a.create_queue("orders.later", address="orders")
+        await _until(
+            lambda: any(i.queue == "orders.later" for i in ca.topology.instances("orders")),
+            "a to announce the queue created after the SF queue",
+        )
         assert all(not q.startswith("$") for q in ca.topology.state("a").instances)  # type: ignore[union-attr]
         # The grouping handlers found each other through gossip.
         assert ca.locate_local_handler() == f"127.0.0.1:{pa}"

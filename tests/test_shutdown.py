@@ -67,6 +67,7 @@ async def busy(nodes: ClusterNodes, queue: str) -> tuple[Collector, list[Client]
     return collector, clients
 
 
+@pytest.mark.slow
 async def test_sigterm_to_every_node_of_a_busy_cluster_stops_each_cleanly(tmp_path: Path) -> None:
     nodes = ClusterNodes(tmp_path, grouping(NODES))
     try:

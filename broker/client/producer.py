@@ -185,6 +185,7 @@ class Producer:
                 async with asyncio.timeout(None if blocked else deadline) as limit:
                     timer[:] = [limit]
                     await credit.acquire()
+                timer.clear()  # past its block a timeout cannot be lifted: `blocked` says it
                 if failure:
                     break
                 await call.write(pb.SendBatchRequest(messages=batch))
