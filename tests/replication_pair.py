@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from grpc import aio
+from waiting import until
 
 from broker import sqlite_file
 from broker.engine import STORE_FILE
@@ -168,16 +169,6 @@ async def running(b: Backup) -> AsyncIterator[Backup]:
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await b.follower.close()
-
-
-async def until(what: str, check: Callable[[], object]) -> None:
-    """Bounded wait for `check()`; never a statement about how long it took."""
-    try:
-        async with asyncio.timeout(WAIT_S):
-            while not check():
-                await asyncio.sleep(0.01)
-    except TimeoutError:
-        raise AssertionError(f"not within {WAIT_S} s: {what}") from None
 
 
 def contents(data_dir: Path) -> dict[str, list[Any]]:

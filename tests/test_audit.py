@@ -17,6 +17,7 @@ from conftest import NodeProcess, cli, unique
 from engine_harness import RecordingEngine, send
 from structlog.testing import capture_logs
 from test_cluster_send import ME, Node, ScriptedHandler, bind, msg, peers
+from waiting import wait
 
 from broker import audit as audit_module
 from broker.audit import MID_HEADER, AuditLog, node_audit, read_events, segments
@@ -40,12 +41,13 @@ def events_in(directory: Path) -> list[dict[str, Any]]:
 
 
 def wait_for(directory: Path, check: Any, timeout: float = 10.0) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + timeout
-    while True:
-        events = events_in(directory) if directory.exists() else []
-        if check(events) or time.monotonic() > deadline:
-            return events
-        time.sleep(0.05)
+    """The events written in `directory` once `check(events)` holds."""
+
+    def events() -> list[dict[str, Any]] | None:
+        found = events_in(directory) if directory.exists() else []
+        return found if check(found) else None
+
+    return wait(f"the audit events expected in {directory}", events, timeout)
 
 
 # ---- config ---------------------------------------------------------------------------------

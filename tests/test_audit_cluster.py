@@ -18,10 +18,10 @@ from cluster_nodes import (
     create_everywhere,
     grouping,
     stomp_send,
-    until,
 )
 from conftest import unique
 from test_audit import events_in
+from waiting import until
 
 from broker.audit import MID_HEADER
 from broker.message import GROUP_ID_HEADER, GROUP_SEQ_HEADER
@@ -56,7 +56,7 @@ async def audit_events(nodes: ClusterNodes, queue: str, settled: int) -> Events:
         routed = sum(e["kind"] == "routed" for events in result.values() for e in events)
         return sum(e["queue"] == queue for e in acks) >= settled and routed >= settled
 
-    await until(acked, f"{settled} acked and routed events in the audit logs")
+    await until(f"{settled} acked and routed events in the audit logs", acked)
     return result
 
 

@@ -19,6 +19,7 @@ import pytest
 from conftest import NodeProcess
 from grpc import aio
 from ports import reserve_port
+from waiting import until
 
 from broker.client import Client, Received
 from broker.config import NodeConfig, QueueConfig
@@ -201,13 +202,6 @@ async def pair(tmp_path: Path) -> AsyncIterator[tuple[Sender, NodeProcess]]:
         await sender.stop()
 
 
-async def _until(check: Any, what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
-
-
 async def _consume(url: str, queue: str, n: int, sender: Sender | None = None) -> list[Received]:
     """Receive and ack exactly n messages from `queue`, then check nothing more comes: none
     before the receipt of the last ack (deliveries go first), and once the sender's SF queue
@@ -228,7 +222,7 @@ async def _consume(url: str, queue: str, n: int, sender: Sender | None = None) -
         extra = await consumer.receive(0)
         assert extra is None, f"an extra message arrived: {extra.body!r} {extra.headers}"
         if sender is not None:
-            await _until(lambda: sender.sf_depth() == 0, "the SF queue to drain")
+            await until("the SF queue to drain", lambda: sender.sf_depth() == 0)
         [left] = [q.depth for q in await client.queues() if q.name == queue]
         assert left == 0, f"{left} extra messages arrived"
         await consumer.close()

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import NodeProcess, drain, unique
+from waiting import until
 
 from broker.client import Client, ConnectionLost, OutcomeUnknown, Received, Unavailable
 
@@ -37,13 +38,13 @@ def node(tmp_path: Path) -> Iterator[NodeProcess]:
 async def until_it_works(call: Callable[[], Awaitable[object]]) -> float:
     """Retry `call` while it fails with Unavailable; seconds until it worked (bounded)."""
     started = time.monotonic()
-    async with asyncio.timeout(GUARD_S):
-        while True:
-            try:
-                await call()
-                return time.monotonic() - started
-            except Unavailable:
-                await asyncio.sleep(0.05)
+
+    async def works() -> bool:
+        await call()
+        return True
+
+    await until("the call to work again", works, GUARD_S, every=0.05, ignoring=(Unavailable,))
+    return time.monotonic() - started
 
 
 async def drained(client: Client, queue: str) -> list[bytes]:

@@ -18,15 +18,16 @@ from cluster_nodes import (
     NODES,
     ClusterNodes,
     Collector,
+    Consuming,
     consumers_on,
     create_everywhere,
     grouping,
     in_order,
     stomp_send,
-    until,
 )
 from conftest import cli, depth, get, unique
 from grpc_health.v1 import health_pb2
+from waiting import until
 
 from broker.client import Client, PinmqError, RefusedForNow, Unavailable
 
@@ -74,7 +75,7 @@ async def test_messages_for_a_stopped_pinned_node_wait_and_arrive_in_order_after
             async def drained() -> bool:
                 return await sf_depth(client, "n2") == 0
 
-            await until(drained, "n1's store-and-forward queue to drain")
+            await until("n1's store-and-forward queue to drain", drained)
     finally:
         await after.close()
         for client in clients:
@@ -109,7 +110,9 @@ async def bind_then_stop_all(
 
 @pytest.mark.slow
 async def test_the_whole_cluster_restarts_and_its_bindings_hold(
-    tmp_path: Path, own: list[ClusterNodes]
+    tmp_path: Path,
+    own: list[ClusterNodes],
+    consuming: Consuming,
 ) -> None:
     nodes = ClusterNodes(tmp_path, grouping(NODES, timeout=30000))
     own.append(nodes.start())
@@ -119,20 +122,16 @@ async def test_the_whole_cluster_restarts_and_its_bindings_hold(
     owner, bound = await bind_then_stop_all(nodes, queue, groups, NODES, "n2")
     assert owner == bound and len(set(owner.values())) == 3
     nodes.start()
-    second, clients = Collector(), []
-    try:
-        await consumers_on(nodes, queue, NODES, second, clients)
-        async with nodes.client("n3") as client:  # a REMOTE node with an empty cache
-            for group in groups:
-                await client.producer(queue, group_id=group).send("after")
-            listing = await client.cluster_groups(queue)
-        await second.wait(len(groups))
-        assert in_order(second, {g: ["after"] for g in groups}) == owner
-        assert {g.group: g.node for g in listing.groups if g.bound} == bound
-    finally:
-        await second.close()
-        for client in clients:
-            await client.close()
+    second = consuming.collector()
+    clients = consuming.clients
+    await consumers_on(nodes, queue, NODES, second, clients)
+    async with nodes.client("n3") as client:  # a REMOTE node with an empty cache
+        for group in groups:
+            await client.producer(queue, group_id=group).send("after")
+        listing = await client.cluster_groups(queue)
+    await second.wait(len(groups))
+    assert in_order(second, {g: ["after"] for g in groups}) == owner
+    assert {g.group: g.node for g in listing.groups if g.bound} == bound
 
 
 @pytest.mark.slow
@@ -153,8 +152,9 @@ async def test_a_group_bound_to_a_dead_node_waits_for_it_and_moves_only_when_for
         await lost.close()
         nodes.stop("n3", signal.SIGKILL)
         for node_id in ("n1", "n2"):  # they know n3 is gone: from here on it is absent
-            nodes.wait_until(
-                lambda n=node_id: not nodes.view(n)["n3"]["connected"], f"{node_id} to see n3 gone"
+            nodes.wait(
+                f"{node_id} to see n3 gone",
+                lambda n=node_id: not nodes.view(n)["n3"]["connected"],
             )
         await consumers_on(nodes, queue, ["n1"], found, clients)
         await asyncio.sleep(1.5)  # absent 3x the handler timeout: absence alone never re-binds
@@ -199,7 +199,7 @@ async def test_a_group_bound_to_a_dead_node_waits_for_it_and_moves_only_when_for
                 held = [c.unacked for c in await n3.consumers(queue)]
                 return await sf_depth(n2, "n3") == 0 and await depth(n3, queue) == 0 == sum(held)
 
-        await until(settled_at_n3, "n3 to hold nothing")
+        await until("n3 to hold nothing", settled_at_n3)
         assert back.got == []  # what n3 delivered, its consumer took before acking it
         await back.close()
     finally:
@@ -210,7 +210,9 @@ async def test_a_group_bound_to_a_dead_node_waits_for_it_and_moves_only_when_for
 
 @pytest.mark.slow
 async def test_a_restarted_local_node_keeps_bindings_to_a_queue_that_stays_away(
-    tmp_path: Path, own: list[ClusterNodes]
+    tmp_path: Path,
+    own: list[ClusterNodes],
+    consuming: Consuming,
 ) -> None:
     nodes = ClusterNodes(tmp_path, grouping(NODES, timeout=500))
     own.append(nodes.start())
@@ -222,123 +224,114 @@ async def test_a_restarted_local_node_keeps_bindings_to_a_queue_that_stays_away(
     kept = sorted(g for g, n in owner.items() if n == "n2")
     assert gone and kept, owner
     nodes.start("n1", "n2")  # n3 stays away
-    second, clients = Collector(), []
-    try:
-        # While n3's queue is away, clients connect and the other groups flow.
-        await consumers_on(nodes, queue, ["n1", "n2"], second, clients)
-        fresh = f"{queue}-fresh"
-        async with nodes.client("n1") as client:
-            for group in [*kept, fresh]:
-                await client.producer(queue, group_id=group).send("during")
-            await second.wait(len(kept) + 1)
-        during = in_order(second, {g: ["during"] for g in [*kept, fresh]})
-        assert all(during[g] == "n2" for g in kept), during
-        await asyncio.sleep(1.5)  # 3x the handler timeout
-        async with nodes.client("n2") as client:
-            listing = await client.cluster_groups(queue)
-            held = {g.group: g.node for g in listing.groups if g.bound}
-            assert all(held.get(g) == "n3" for g in gone), f"bindings to n3 dropped: {held}"
-            for group in gone:
-                await client.cluster_reset_group(group, queue, force=True)
-                await client.producer(queue, group_id=group).send_batch(["after0", "after1"])
-            await second.wait(len(kept) + 1 + 2 * len(gone))
-            listing = await client.cluster_groups(queue)
-        moved = in_order(
-            second,
-            {**{g: ["during"] for g in [*kept, fresh]}, **{g: ["after0", "after1"] for g in gone}},
-        )
-        rebound = {g.group: g.node for g in listing.groups if g.bound}
-        assert all(moved[g] == rebound[g] and rebound[g] in ("n1", "n2") for g in gone), rebound
-    finally:
-        await second.close()
-        for client in clients:
-            await client.close()
+    second = consuming.collector()
+    clients = consuming.clients
+    # While n3's queue is away, clients connect and the other groups flow.
+    await consumers_on(nodes, queue, ["n1", "n2"], second, clients)
+    fresh = f"{queue}-fresh"
+    async with nodes.client("n1") as client:
+        for group in [*kept, fresh]:
+            await client.producer(queue, group_id=group).send("during")
+        await second.wait(len(kept) + 1)
+    during = in_order(second, {g: ["during"] for g in [*kept, fresh]})
+    assert all(during[g] == "n2" for g in kept), during
+    await asyncio.sleep(1.5)  # 3x the handler timeout
+    async with nodes.client("n2") as client:
+        listing = await client.cluster_groups(queue)
+        held = {g.group: g.node for g in listing.groups if g.bound}
+        assert all(held.get(g) == "n3" for g in gone), f"bindings to n3 dropped: {held}"
+        for group in gone:
+            await client.cluster_reset_group(group, queue, force=True)
+            await client.producer(queue, group_id=group).send_batch(["after0", "after1"])
+        await second.wait(len(kept) + 1 + 2 * len(gone))
+        listing = await client.cluster_groups(queue)
+    moved = in_order(
+        second,
+        {**{g: ["during"] for g in [*kept, fresh]}, **{g: ["after0", "after1"] for g in gone}},
+    )
+    rebound = {g.group: g.node for g in listing.groups if g.bound}
+    assert all(moved[g] == rebound[g] and rebound[g] in ("n1", "n2") for g in gone), rebound
 
 
 async def test_group_timeout_frees_idle_groups_and_they_are_proposed_again(
-    tmp_path: Path, own: list[ClusterNodes]
+    tmp_path: Path,
+    own: list[ClusterNodes],
+    consuming: Consuming,
 ) -> None:
     spec = grouping(["n1", "n2"], timeout=2000, group_timeout=600, reaper_period=200)
     nodes = ClusterNodes(tmp_path, spec)
     own.append(nodes.start())
     queue, group = unique("idle"), unique("g")
     await create_everywhere(nodes, queue, ["n1", "n2"])
-    first, second, clients = Collector(), Collector(), []
-    try:
-        await consumers_on(nodes, queue, ["n2"], first, clients)
-        async with nodes.client("n2") as client:
-            await client.producer(queue, group_id=group).send_batch(["a0", "a1"])
-            await first.wait(2)
-            assert group in {g.group for g in await client.groups(queue)}  # pinned at n2
+    first, second = consuming.collector(), consuming.collector()
+    clients = consuming.clients
+    await consumers_on(nodes, queue, ["n2"], first, clients)
+    async with nodes.client("n2") as client:
+        await client.producer(queue, group_id=group).send_batch(["a0", "a1"])
+        await first.wait(2)
+        assert group in {g.group for g in await client.groups(queue)}  # pinned at n2
 
-            async def expired() -> bool:
-                table = await client.groups(queue)  # n2 unpins it when told of the removal
-                listing = await client.cluster_groups(queue)
-                return group not in {g.group for g in table} and listing.groups == []
-
-            await until(expired, "the idle group's binding to be reaped and unpinned")
-        assert in_order(first, {group: ["a0", "a1"]}) == {group: "n2"}
-        await first.close()
-        await consumers_on(nodes, queue, ["n1"], second, clients)
-        nodes.wait_consumers(queue, {"n1": 1, "n2": 0})
-        async with nodes.client("n2") as client:  # the REMOTE node proposes it afresh
-            await client.producer(queue, group_id=group).send_batch(["b0", "b1"])
-            await second.wait(2)
+        async def expired() -> bool:
+            table = await client.groups(queue)  # n2 unpins it when told of the removal
             listing = await client.cluster_groups(queue)
-        assert in_order(second, {group: ["b0", "b1"]}) == {group: "n1"}
-        assert [(g.node, g.bound) for g in listing.groups if g.group == group] == [("n1", True)]
-    finally:
-        await first.close()
-        await second.close()
-        for client in clients:
-            await client.close()
+            return group not in {g.group for g in table} and listing.groups == []
+
+        await until("the idle group's binding to be reaped and unpinned", expired)
+    assert in_order(first, {group: ["a0", "a1"]}) == {group: "n2"}
+    await first.close()
+    await consumers_on(nodes, queue, ["n1"], second, clients)
+    nodes.wait_consumers(queue, {"n1": 1, "n2": 0})
+    async with nodes.client("n2") as client:  # the REMOTE node proposes it afresh
+        await client.producer(queue, group_id=group).send_batch(["b0", "b1"])
+        await second.wait(2)
+        listing = await client.cluster_groups(queue)
+    assert in_order(second, {group: ["b0", "b1"]}) == {group: "n1"}
+    assert [(g.node, g.bound) for g in listing.groups if g.group == group] == [("n1", True)]
 
 
 async def test_with_the_local_node_unreachable_new_groups_fail_cached_ones_flow(
-    tmp_path: Path, own: list[ClusterNodes]
+    tmp_path: Path,
+    own: list[ClusterNodes],
+    consuming: Consuming,
 ) -> None:
     nodes = ClusterNodes(tmp_path, grouping(["n1", "n2"], timeout=1000))
     own.append(nodes.start())
     queue, known = unique("headless"), unique("known")
     await create_everywhere(nodes, queue, ["n1", "n2"])
-    collector, clients = Collector(), []
-    try:
-        await consumers_on(nodes, queue, ["n2"], collector, clients)
-        async with nodes.client("n2") as client:
-            producer = client.producer(queue, group_id=known)
-            await producer.send("k0")
-            await collector.wait(1)
-            nodes.stop("n1", signal.SIGKILL)
+    collector = consuming.collector()
+    clients = consuming.clients
+    await consumers_on(nodes, queue, ["n2"], collector, clients)
+    async with nodes.client("n2") as client:
+        producer = client.producer(queue, group_id=known)
+        await producer.send("k0")
+        await collector.wait(1)
+        nodes.stop("n1", signal.SIGKILL)
 
-            await producer.send("k1")  # cached at n2: flows without the LOCAL node
-            await collector.wait(2)
-            fresh = unique("fresh")
-            with pytest.raises(RefusedForNow) as failed:
-                await client.producer(queue, group_id=fresh).send("never")
-            message = str(failed.value)
-            assert fresh in message and queue in message and "1000 ms" in message, message
-            assert message.startswith(f"refused by {nodes.url('n2')}: "), message  # n2 answered
-            assert isinstance(failed.value, Unavailable)  # a retry may succeed
-            # A batch with a cached and a new group is refused whole: nothing of it enqueued.
-            with pytest.raises(RefusedForNow):
-                await client.producer(queue).send_batch(
-                    [("k-never", {"JMSXGroupID": known}), ("x", {"JMSXGroupID": unique("new")})]
-                )
-            frames = await stomp_send(
-                nodes.stomp_port("n2"), queue, [("never", {"JMSXGroupID": fresh})]
+        await producer.send("k1")  # cached at n2: flows without the LOCAL node
+        await collector.wait(2)
+        fresh = unique("fresh")
+        with pytest.raises(RefusedForNow) as failed:
+            await client.producer(queue, group_id=fresh).send("never")
+        message = str(failed.value)
+        assert fresh in message and queue in message and "1000 ms" in message, message
+        assert message.startswith(f"refused by {nodes.url('n2')}: "), message  # n2 answered
+        assert isinstance(failed.value, Unavailable)  # a retry may succeed
+        # A batch with a cached and a new group is refused whole: nothing of it enqueued.
+        with pytest.raises(RefusedForNow):
+            await client.producer(queue).send_batch(
+                [("k-never", {"JMSXGroupID": known}), ("x", {"JMSXGroupID": unique("new")})]
             )
-            assert frames[-1].command == "ERROR", frames
-            error = frames[-1].headers["message"]
-            assert fresh in error and queue in error and "1000 ms" in error, error
-            await producer.send("k2")
-            await collector.wait(3)
-            assert collector.bodies() == ["k0", "k1", "k2"]  # the refused messages are nowhere
-            [info] = [q for q in await client.queues() if q.name == queue]
-            assert info.depth == 0 and await sf_depth(client, "n1") == 0
-    finally:
-        await collector.close()
-        for client in clients:
-            await client.close()
+        frames = await stomp_send(
+            nodes.stomp_port("n2"), queue, [("never", {"JMSXGroupID": fresh})]
+        )
+        assert frames[-1].command == "ERROR", frames
+        error = frames[-1].headers["message"]
+        assert fresh in error and queue in error and "1000 ms" in error, error
+        await producer.send("k2")
+        await collector.wait(3)
+        assert collector.bodies() == ["k0", "k1", "k2"]  # the refused messages are nowhere
+        [info] = [q for q in await client.queues() if q.name == queue]
+        assert info.depth == 0 and await sf_depth(client, "n1") == 0
 
 
 async def test_two_local_grouping_handlers_are_reported_and_refuse_new_groups(
@@ -358,8 +351,9 @@ async def test_two_local_grouping_handlers_are_reported_and_refuse_new_groups(
         with pytest.raises(Unavailable, match="two LOCAL grouping handlers"):
             await client.producer(unique("q"), group_id="g").send("x")
         await client.producer(unique("q")).send("ungrouped traffic is unaffected")
-    nodes.wait_until(
-        lambda: "cluster misconfigured" in nodes.nodes["n1"].log(), "the problem to be logged"
+    nodes.wait(
+        "the problem to be logged",
+        lambda: "cluster misconfigured" in nodes.nodes["n1"].log(),
     )
 
 
@@ -374,17 +368,17 @@ async def test_a_frozen_peer_is_noticed_logged_and_linked_again_when_it_thaws(
     try:
         # Its sockets stay open: only the keepalive pings of the links find it out.
         for node_id in ("n1", "n3"):
-            nodes.wait_until(
-                lambda n=node_id: not nodes.view(n)["n2"]["connected"],
+            nodes.wait(
                 f"{node_id} to see the frozen n2 as disconnected",
+                lambda n=node_id: not nodes.view(n)["n2"]["connected"],
             )
-        nodes.wait_until(
+        nodes.wait(
+            "a warning naming the frozen peer",
             lambda: any(
                 '"cluster peer not answering"' in line and '"peer": "n2"' in line
                 for n in ("n1", "n3")
                 for line in nodes.nodes[n].log().splitlines()
             ),
-            "a warning naming the frozen peer",
         )
     finally:
         os.kill(frozen.pid, signal.SIGCONT)

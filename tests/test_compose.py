@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import waiting
 from compose_nodes import REPO, SERVICES, ComposeCluster, build_image, compose_env
 from ha_load import QUEUE, HaLoad
 from log_levels import loud, stopped
@@ -77,16 +78,8 @@ async def pair_status(cluster: ComposeCluster) -> HaPairStatus:
 
 
 async def until(what: str, check: Any, timeout: float = 60.0) -> Any:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        try:
-            value = await check()
-        except Exception:  # a node between lives: ask again
-            value = None
-        if value:
-            return value
-        assert asyncio.get_running_loop().time() < deadline, f"not within {timeout} s: {what}"
-        await asyncio.sleep(0.2)
+    """Containers restart slowly, and a node between lives answers nothing: ask again."""
+    return await waiting.until(what, check, timeout, every=0.2, ignoring=(Exception,))
 
 
 async def backup_serves(cluster: ComposeCluster) -> None:

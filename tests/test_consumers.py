@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import NodeProcess, cli, unique
+from waiting import until
 
 from broker.client import Client, ConsumerInfo
 
@@ -29,13 +30,13 @@ def node(tmp_path: Path) -> Iterator[NodeProcess]:
 async def until_consumer(
     client: Client, queue: str, name: str, check: Callable[[ConsumerInfo], bool]
 ) -> ConsumerInfo:
-    """The consumer named so (any: "") as the node reports it, once `check` holds (bounded)."""
-    async with asyncio.timeout(GUARD_S):
-        while True:
-            for info in await client.consumers(queue):
-                if name in ("", info.name) and check(info):
-                    return info
-            await asyncio.sleep(0.05)
+    """The consumer named so (any: "") as the node reports it, once `check` holds."""
+
+    async def found() -> ConsumerInfo | None:
+        infos = await client.consumers(queue)
+        return next((i for i in infos if name in ("", i.name) and check(i)), None)
+
+    return await until(f"consumer {name or '(any)'} of {queue} as expected", found, GUARD_S)
 
 
 async def test_a_stalled_consumer_gets_no_new_group_and_is_reported(node: NodeProcess) -> None:

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 from grpc import aio
-from handler_nodes import WAIT_S, local_node, section, stored_rows, wait_until
+from handler_nodes import WAIT_S, local_node, section, stored_rows
+from waiting import until
 
 from broker.config import NodeConfig
 from handler.api import (
@@ -111,9 +112,9 @@ async def test_reaper_removes_idle_bindings_and_tells_subscribers(tmp_path: Path
                 pb.REASON_REAPED,
             )
             assert local.handler.cached("busy", "orders") == busy
-            await wait_until(
-                lambda: stored_rows(tmp_path / "bindings.db") == [("busy", "orders", "n2", 1)],
+            await until(
                 "the reaped binding deleted from disk",
+                lambda: stored_rows(tmp_path / "bindings.db") == [("busy", "orders", "n2", 1)],
             )
             call.cancel()
 
@@ -158,7 +159,7 @@ async def test_with_an_absent_timeout_bindings_to_instances_that_do_not_return_a
         handler.instance_seen("orders", "n1", present=True)
         # Meanwhile nothing waits: the restored binding answers.
         assert await handler.decide("g2", "orders", "n3") == lost
-        await wait_until(lambda: removed, "the binding to the missing instance dropped")
+        await until("the binding to the missing instance dropped", lambda: removed)
         assert removed == [(lost, RemovalReason.INSTANCE_ABSENT)]
         assert handler.cached("g1", "orders") == kept
         assert await handler.decide("g2", "orders", "n3") == Binding("g2", "orders", "n3", 1)
@@ -203,7 +204,7 @@ async def test_topology_snapshots_mark_instances_present_absent_or_deleted(
         handler.report_instances({("orders", "n1"): True, ("orders", "n2"): True})
         handler.report_instances({("orders", "n1"): True, ("orders", "n3"): False})
         assert removed == [(deleted, RemovalReason.INSTANCE_DELETED)]
-        await wait_until(lambda: len(removed) == 3, "absent instances expired")
+        await until("absent instances expired", lambda: len(removed) == 3)
         assert sorted(removed[1:], key=lambda r: r[0].group) == [
             (restored, RemovalReason.INSTANCE_ABSENT),
             (down, RemovalReason.INSTANCE_ABSENT),

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from handler_nodes import section, wait_until
+from handler_nodes import section
+from waiting import until
 
 from broker.config import NodeConfig
 from broker.engine import Engine
@@ -103,11 +104,11 @@ async def overtake(node: Node) -> asyncio.Task[Binding]:
     def bound() -> Binding | None:
         return handler.arbiter.lookup("g", "orders")
 
-    await wait_until(bound, "g proposed")
+    await until("g proposed", bound)
     assert bound() == Binding("g", "orders", ME, 1)
     assert await handler.unbind("g") == 1
     other = asyncio.create_task(handler.decide("g", "orders", OTHER))
-    await wait_until(bound, "g proposed again")
+    await until("g proposed again", bound)
     return other
 
 
@@ -150,7 +151,7 @@ async def test_a_held_group_is_not_released_by_a_decision_its_removal_overtook(
             confirm.set()
             assert await other == Binding("g", "orders", OTHER, 1)
             sf = sf_queue("pinmq", OTHER)
-            await wait_until(lambda: n.depth(sf) == 1, "m1 moved to OTHER, where g is bound")
+            await until("m1 moved to OTHER, where g is bound", lambda: n.depth(sf) == 1)
             assert n.depth("orders") == 0
         finally:
             await claims.stop()

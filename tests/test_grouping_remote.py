@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from handler_nodes import WAIT_S, CallCounter, local_node, remote_handler, stored_rows, wait_until
+from handler_nodes import WAIT_S, CallCounter, local_node, remote_handler, stored_rows
+from waiting import until
 
 from handler.api import (
     Binding,
@@ -152,10 +153,10 @@ async def test_answers_of_an_arbiter_older_than_the_newest_heard_are_ignored(
                 info.value
             )
             assert old.proposals >= 1 and remote.cached("g2", "orders") is None
-            await wait_until(lambda: not remote.subscribed.is_set(), "old removals refused")
+            await until("old removals refused", lambda: not remote.subscribed.is_set())
             target[0] = new.address
             assert (await remote.decide("g2", "orders", "n-remote")).epoch == 2
-            await wait_until(remote.subscribed.is_set, "subscribed to the new arbiter")
+            await until("subscribed to the new arbiter", remote.subscribed.is_set)
 
 
 async def test_no_known_local_node_times_out_with_a_clear_message() -> None:
@@ -190,9 +191,9 @@ async def test_removals_evict_cache_entries_and_call_back(tmp_path: Path) -> Non
         first = await remote.decide("g1", "orders", "n2")
         second = await remote.decide("g2", "orders", "n3")
         assert await local.handler.unbind("g1") == 1
-        await wait_until(lambda: remote.cached("g1", "orders") is None, "g1 evicted")
+        await until("g1 evicted", lambda: remote.cached("g1", "orders") is None)
         local.handler.instance_deleted("orders", "n3")
-        await wait_until(lambda: remote.cached("g2", "orders") is None, "g2 evicted")
+        await until("g2 evicted", lambda: remote.cached("g2", "orders") is None)
         assert removed == [
             (first, RemovalReason.UNBOUND),
             (second, RemovalReason.INSTANCE_DELETED),
@@ -212,13 +213,14 @@ async def test_removals_follow_the_local_node_to_a_new_address(tmp_path: Path) -
             await asyncio.wait_for(remote.subscribed.wait(), WAIT_S)
             target[0] = second.address
             binding = await remote.decide("g1", "orders", "n2")  # asks the new address
-            await wait_until(
-                lambda: second.handler.subscribers == ["n-remote"], "subscribed at the new one"
+            await until(
+                "subscribed at the new one",
+                lambda: second.handler.subscribers == ["n-remote"],
             )
             removed: list[tuple[Binding, RemovalReason]] = []
             remote.on_removed(lambda b, r: removed.append((b, r)))
             assert await second.handler.unbind("g1") == 1
-            await wait_until(lambda: remote.cached("g1", "orders") is None, "g1 evicted")
+            await until("g1 evicted", lambda: remote.cached("g1", "orders") is None)
             assert removed == [(binding, RemovalReason.UNBOUND)]
 
 
@@ -233,10 +235,10 @@ async def test_removals_missed_while_disconnected_are_found_on_reconnect(tmp_pat
         kept = await remote.decide("g2", "orders", "n2")
         await asyncio.wait_for(remote.subscribed.wait(), WAIT_S)
         await local.halt()
-        await wait_until(lambda: not remote.subscribed.is_set(), "the stream noticed")
+        await until("the stream noticed", lambda: not remote.subscribed.is_set())
         await local.handler.unbind("g1", "orders")  # nobody is subscribed to hear it
         await local.serve()  # same port
-        await wait_until(lambda: remote.cached("g1", "orders") is None, "stale entry dropped")
+        await until("stale entry dropped", lambda: remote.cached("g1", "orders") is None)
         assert removed == [(gone, RemovalReason.STALE)]
         assert remote.cached("g2", "orders") == kept
 

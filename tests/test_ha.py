@@ -20,7 +20,8 @@ from typing import Any
 from conftest import cli, get
 from ha_load import AUDIT, HaLoad
 from ha_load import GROUPS as LOAD_GROUPS
-from ha_nodes import BACKUP, PRIMARY, HaCluster, ha_detail, ready, serving, wait
+from ha_nodes import BACKUP, PRIMARY, HaCluster, ha_detail, ready, serving
+from waiting import until
 
 
 @asynccontextmanager
@@ -40,11 +41,6 @@ async def drill(tmp_path: Path, **cluster: Any) -> AsyncIterator[tuple[HaCluster
             ha.kill_all()
 
 
-async def until(what: str, check: Any, timeout: float = 30.0) -> None:
-    """`wait` off the event loop, so the load goes on meanwhile."""
-    await asyncio.to_thread(wait, what, check, timeout)
-
-
 async def test_kill_9_of_the_primary_under_load_the_backup_takes_over(
     tmp_path: Path,
 ) -> None:
@@ -54,7 +50,11 @@ async def test_kill_9_of_the_primary_under_load_the_backup_takes_over(
     group at two consumers, one route per binding and epoch."""
     async with drill(tmp_path) as (ha, load):
         await load.send(range(0, 10))
-        await until("every process knows the backup is in sync", lambda: ha.in_sync(ha.primary))
+        await until(
+            "every process knows the backup is in sync",
+            lambda: ha.in_sync(ha.primary),
+            off_loop=True,
+        )
         assert not serving(ha.backup)  # passive: its client listener is closed
         code, body = get(ha.backup.http, "/readyz")
         assert code == 503 and body["ha"]["replication"] == "following"
@@ -69,7 +69,11 @@ async def test_kill_9_of_the_primary_under_load_the_backup_takes_over(
         sending = asyncio.create_task(load.send(range(10, 40)))
         await asyncio.sleep(0.3)  # under load
         ha.primary.kill()  # kill -9
-        await until("the backup serves", lambda: serving(ha.backup))
+        await until(
+            "the backup serves",
+            lambda: serving(ha.backup),
+            off_loop=True,
+        )
         ha_epoch = ha_detail(ha.backup, "epoch")
         assert ha_epoch > first_epoch
         assert ha_detail(ha.backup, "logical") == PRIMARY
@@ -77,6 +81,7 @@ async def test_kill_9_of_the_primary_under_load_the_backup_takes_over(
         await until(
             "node2 hears of the new active",
             lambda: "active process node1-backup" in cli("status", "--url", node2).stdout,
+            off_loop=True,
         )
         status = json.loads(cli("status", "--json", "--url", ha.backup.url).stdout)
         [pair] = status["ha"]
@@ -114,14 +119,26 @@ async def test_a_frozen_primary_fences_itself_and_rejoins_as_the_backup(tmp_path
         await asyncio.sleep(0.3)
         primary.proc.send_signal(signal.SIGSTOP)
         try:
-            await until("the backup serves as node1", lambda: serving(ha.backup))
+            await until(
+                "the backup serves as node1",
+                lambda: serving(ha.backup),
+                off_loop=True,
+            )
             await asyncio.sleep(1.0)  # the backup serves while the primary still sleeps
         finally:
             primary.proc.send_signal(signal.SIGCONT)
-        await until("the old primary is passive", lambda: ha_detail(primary, "role") == "passive")
+        await until(
+            "the old primary is passive",
+            lambda: ha_detail(primary, "role") == "passive",
+            off_loop=True,
+        )
         assert not serving(primary)
         await sending
-        await until("the old primary in sync", lambda: ha_detail(ha.backup, "backup_in_sync"))
+        await until(
+            "the old primary in sync",
+            lambda: ha_detail(ha.backup, "backup_in_sync"),
+            off_loop=True,
+        )
         await load.send(range(30, 40))
         assert not load.failures
         stats = await load.finish(tmp_path / "report")
@@ -145,10 +162,18 @@ async def test_a_frozen_backup_is_dropped_and_the_primary_carries_on(tmp_path: P
         finally:
             backup.proc.send_signal(signal.SIGCONT)
         # A takeover needs the backup and both voters to know: the primary knows first.
-        await until("all know the backup is in sync again", lambda: ha.in_sync(ha.primary))
+        await until(
+            "all know the backup is in sync again",
+            lambda: ha.in_sync(ha.primary),
+            off_loop=True,
+        )
         await load.send(range(10, 20))
         ha.primary.kill()
-        await until("the backup serves as node1", lambda: serving(ha.backup))
+        await until(
+            "the backup serves as node1",
+            lambda: serving(ha.backup),
+            off_loop=True,
+        )
         await load.send(range(20, 30))
         assert not load.failures
         await load.finish(tmp_path / "report")
@@ -166,10 +191,18 @@ async def test_kill_9_of_the_backup_the_primary_carries_on_and_the_backup_catche
         assert ha_detail(ha.primary, "backup_in_sync") is False
         ha.backup.start(wait=False)
         sending = asyncio.create_task(load.send(range(30, 40)))  # it catches up meanwhile
-        await until("all know the backup is in sync again", lambda: ha.in_sync(ha.primary))
+        await until(
+            "all know the backup is in sync again",
+            lambda: ha.in_sync(ha.primary),
+            off_loop=True,
+        )
         await sending
         ha.primary.kill()  # the caught-up backup has everything
-        await until("the backup serves as node1", lambda: serving(ha.backup))
+        await until(
+            "the backup serves as node1",
+            lambda: serving(ha.backup),
+            off_loop=True,
+        )
         await load.send(range(40, 50))
         assert not load.failures
         await load.finish(tmp_path / "report")
@@ -181,13 +214,26 @@ async def test_failback_returns_node1_to_the_primary_without_losing_a_message(
     async with drill(tmp_path, ha={"allow-failback": True}) as (ha, load):
         await load.send(range(0, 10))
         ha.primary.kill()
-        await until("the backup serves as node1", lambda: serving(ha.backup))
+        await until(
+            "the backup serves as node1",
+            lambda: serving(ha.backup),
+            off_loop=True,
+        )
         await load.send(range(10, 20))
         ha.primary.start(wait=False)  # it rejoins as the backup, syncs, and takes over
         sending = asyncio.create_task(load.send(range(20, 40)))  # through the handover
-        await until("the primary serves again", lambda: serving(ha.primary), timeout=60)
+        await until(
+            "the primary serves again",
+            lambda: serving(ha.primary),
+            timeout=60,
+            off_loop=True,
+        )
         assert ha_detail(ha.primary, "epoch") > 2
-        await until("the backup is passive", lambda: not serving(ha.backup))
+        await until(
+            "the backup is passive",
+            lambda: not serving(ha.backup),
+            off_loop=True,
+        )
         await sending
         await load.send(range(40, 50))
         assert not load.failures
@@ -219,7 +265,11 @@ async def test_the_whole_cluster_restarts_with_every_acknowledged_message(tmp_pa
         for node in ha.nodes.values():
             node.start(wait=False)
         # One of the pair is elected again: both hold everything that was acknowledged.
-        await until("one of the pair is ready", lambda: ready(ha.primary) or ready(ha.backup))
+        await until(
+            "one of the pair is ready",
+            lambda: ready(ha.primary) or ready(ha.backup),
+            off_loop=True,
+        )
         for name in ("node2", "node3"):
             await asyncio.to_thread(ha.nodes[name].wait_serving)
             await load.add_worker(f"py-{name}-again", ha.nodes[name].url)
@@ -247,9 +297,17 @@ async def test_a_cut_between_primary_and_backup_never_activates_the_backup(
         ha.heal_pair()
         # Not the primary's view alone: the backup and the voters must know before the kill,
         # else the backup (rightly) never stands.
-        await until("all know the backup is in sync again", lambda: ha.in_sync(ha.primary))
+        await until(
+            "all know the backup is in sync again",
+            lambda: ha.in_sync(ha.primary),
+            off_loop=True,
+        )
         ha.primary.kill()
-        await until("the backup serves as node1", lambda: serving(ha.backup))
+        await until(
+            "the backup serves as node1",
+            lambda: serving(ha.backup),
+            off_loop=True,
+        )
         await load.send(range(30, 40))
         assert not load.failures
         await load.finish(tmp_path / "report")

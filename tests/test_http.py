@@ -65,14 +65,14 @@ def test_a_remote_node_is_ready_only_while_it_reaches_the_local_handler(
     assert body["grouping_handler"] == {"type": "REMOTE", "local": "n1", "reachable": True}
 
     pair.stop("n1")
-    pair.wait_until(lambda: get(n2.http, "/readyz")[0] == 503, "n2 to report not ready")
+    pair.wait("n2 to report not ready", lambda: get(n2.http, "/readyz")[0] == 503)
     status, body = get(n2.http, "/readyz")
     assert body["ready"] is False and body["peers"] == {"n1": False}
     assert body["reasons"] == ["LOCAL grouping handler n1 not reachable"]
     assert get(n2.http, "/healthz")[0] == 200  # alive all the same: no reason to restart it
 
     pair.start("n1")
-    pair.wait_until(lambda: get(n2.http, "/readyz")[0] == 200, "n2 to be ready again")
+    pair.wait("n2 to be ready again", lambda: get(n2.http, "/readyz")[0] == 200)
 
 
 # ---- the decision itself (pure) ------------------------------------------------------------

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import NodeProcess, unique
 from stomp_helpers import Raw
+from waiting import until
 
 from broker.client import Client, PinmqError
 from pinmq.stomp.frames import encode_frame
@@ -23,9 +24,10 @@ async def _names(client: Client) -> set[str]:
 
 
 async def _until_gone(client: Client, names: set[str]) -> None:
-    async with asyncio.timeout(15):
-        while names & await _names(client):
-            await asyncio.sleep(0.1)
+    async def gone() -> bool:
+        return not names & await _names(client)
+
+    await until(f"queues {sorted(names)} deleted", gone, every=0.1)
 
 
 async def test_auto_created_queues_go_once_empty_and_unused(tmp_path: Path) -> None:

@@ -46,8 +46,8 @@ from replication_pair import (
     leftovers,
     primary,
     running,
-    until,
 )
+from waiting import until
 
 from broker import sqlite_file
 from broker.engine import STORE_FILE

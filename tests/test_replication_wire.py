@@ -17,19 +17,9 @@ import msgpack
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from replication_pair import (
-    EPOCH,
-    QUEUE,
-    WAIT_S,
-    Backup,
-    Gate,
-    contents,
-    in_sync,
-    primary,
-    running,
-    until,
-)
+from replication_pair import EPOCH, QUEUE, WAIT_S, Backup, Gate, contents, in_sync, primary, running
 from structlog.testing import capture_logs
+from waiting import until
 
 from broker import store_writes
 from broker.engine import STORE_FILE

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from ports import reserve_port
+from waiting import until
 
 from broker.client import Client
 from broker.config import NodeConfig
@@ -161,13 +159,6 @@ def _config(
     )
 
 
-async def _until(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + 15
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
-
-
 async def test_cluster_node_routes_over_gossiped_instances(tmp_path: Path) -> None:
     pa, pb = reserve_port(), reserve_port()
     # a binds a name and advertises its address: peers dial what it advertises.
@@ -193,9 +184,9 @@ async def test_cluster_node_routes_over_gossiped_instances(tmp_path: Path) -> No
             await client_b.create_queue("misc")  # not clustered: cluster.address is "orders"
             async with client_b.consumer("orders.q") as consumer:
                 await consumer.start()
-                await _until(
-                    lambda: bool(seen) and any(i.node == "b" and i.consumers for i in seen[-1]),
+                await until(
                     "b's consumer to reach a",
+                    lambda: bool(seen) and any(i.node == "b" and i.consumers for i in seen[-1]),
                 )
         picks = [ca.choose("orders") for _ in range(4)]
         assert [(i.queue, i.node, i.local) for i in picks if i] == [
@@ -211,14 +202,14 @@ async def test_cluster_node_routes_over_gossiped_instances(tmp_path: Path) -> No
             unit.place(ca.forwarding("b", "orders.q", Outgoing("orders", b"x", {}, True)))
         async with Client(a.config.listen.client) as client_a:  # a change announced after it
             await client_a.create_queue("orders.later", address="orders")
-        await _until(
-            lambda: any(i.queue == "orders.later" for i in ca.topology.instances("orders")),
+        await until(
             "a to announce the queue created after the SF queue",
+            lambda: any(i.queue == "orders.later" for i in ca.topology.instances("orders")),
         )
         assert all(not q.startswith("$") for q in ca.topology.state("a").instances)  # type: ignore[union-attr]
         # The grouping handlers found each other through gossip.
         assert ca.locate_local_handler() == f"127.0.0.1:{pa}"
-        await _until(lambda: cb.locate_local_handler() is not None, "b to learn a's handler")
+        await until("b to learn a's handler", lambda: cb.locate_local_handler() is not None)
         assert cb.locate_local_handler() == f"127.0.0.1:{pa}"
         assert cb.topology.state("a").cluster_address == f"127.0.0.1:{pa}"  # type: ignore[union-attr]
         assert ca.problems() == cb.problems() == []

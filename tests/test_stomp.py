@@ -16,8 +16,8 @@ from stomp_helpers import (
     seqs,
     stomp_extra,
     subscribe,
-    wait_until,
 )
+from waiting import wait
 
 from broker.client import SyncClient
 from pinmq.stomp.frames import encode_frame
@@ -87,7 +87,7 @@ def test_nack_in_each_version(version: str, connect: Connect, admin: SyncClient)
             conn.ack(m.headers["message-id"], "s")
         else:
             conn.ack(m.headers["ack"])
-    wait_until(lambda: queue_depth(admin, q) == 0, "acks of the redelivered messages")
+    wait("acks of the redelivered messages", lambda: queue_depth(admin, q) == 0)
 
 
 def test_stomp_10_unsubscribes_by_destination(connect: Connect, admin: SyncClient) -> None:
@@ -243,7 +243,7 @@ def test_auto_ack_consumes_without_ack_frames(connect: Connect, admin: SyncClien
     send_group(conn, rec, q, "g", [1, 2, 3, 4])
     subscribe(conn, rec, q, "s", ack="auto")
     assert seqs(rec.wait_messages(4)) == [1, 2, 3, 4]
-    wait_until(lambda: queue_depth(admin, q) == 0, "auto acks")
+    wait("auto acks", lambda: queue_depth(admin, q) == 0)
 
 
 def test_client_ack_is_cumulative(connect: Connect, admin: SyncClient) -> None:

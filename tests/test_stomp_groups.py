@@ -14,8 +14,8 @@ from stomp_helpers import (
     send_group,
     seqs,
     subscribe,
-    wait_until,
 )
+from waiting import wait
 
 from broker.client import SyncClient
 from pinmq.stomp.frames import encode_frame
@@ -60,7 +60,7 @@ def test_each_group_is_consumed_by_one_consumer_in_order(connect: Connect) -> No
     producer, prec = connect()
     for g in range(9):
         send_group(producer, prec, q, f"g{g}", list(range(1, 21)))
-    wait_until(lambda: sum(len(r.messages) for r in consumers) >= 180, "180 messages")
+    wait("180 messages", lambda: sum(len(r.messages) for r in consumers) >= 180)
     seen: dict[str, set[int]] = defaultdict(set)
     for i, rec in enumerate(consumers):
         per: dict[str, list[int]] = defaultdict(list)
