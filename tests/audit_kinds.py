@@ -1,9 +1,9 @@
 """An audit history with every event kind, each carrying every field the schema lets it carry.
 
 Written by the real writers: node kinds from a real core's Effects and `AuditLog`'s own
-methods, client kinds by an auditing client against a real node. tests/test_audit.py checks
-it against the schema (`broker/audit_schema.py`), tests/test_pipeline.py through the checker's
-reader.
+methods, client kinds by an auditing client against a real node. tests/core/test_audit.py
+checks it against the schema (`broker/audit_schema.py`), tests/pipeline/test_pipeline.py
+through the checker's reader.
 """
 
 from __future__ import annotations
@@ -104,3 +104,8 @@ def read_back_differences(rows: list[Any], directory: Path) -> list[str]:
         if row["source"] != source:
             out.append(f"{event['kind']}: read as a {row['source']} event")
     return out
+
+
+def events_in(directory: Path) -> list[dict[str, Any]]:
+    """Every event the audit segments in `directory` hold, file by file."""
+    return [e for path in segments(directory) for e in read_events(path)]

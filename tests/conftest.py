@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from broker.client import Client, Received
 
 START_TIMEOUT_S = 20.0
+TESTS = Path(__file__).resolve().parent  # the test helpers; the tests are in folders by layer
+REPO = TESTS.parent
 pytest_plugins = ["stomp_helpers", "store_harness", "cluster_nodes"]  # their fixtures
 
 # `make test` runs tests on several pytest-xdist workers, each test on its own, except the

@@ -22,13 +22,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 from broker.core import BrokerCore
 from broker.engine import Engine
 from broker.queue import Queue
 from broker.unit import Unit
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 ABOVE = ("pinmq", "cluster", "handler")
 # What the layers above may call on the core's objects: reads, no change.
 QUERIES = {

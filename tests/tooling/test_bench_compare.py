@@ -15,8 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 OUTPUTS = Path(__file__).resolve().parent / "data" / "bench_outputs"
 sys.path.insert(0, str(ROOT / "bench"))
 

@@ -1,6 +1,6 @@
 """The durable store: round trips, call-order semantics, group commit, schema versions, and
 the write records it applies and hands to replication. Its disk space, bad files and a kill
--9 of a writing process are tests/test_store_files.py."""
+-9 of a writing process are tests/core/test_store_files.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Duplicate detection (`_AMQ_DUPL_ID`): the pure id cache, the send path that drops what a
 client sends again, and the engine that stores the ids with their messages and reads them back.
-The clustered send path's screening is in tests/test_cluster_send.py; real nodes over gRPC
-and STOMP, and a kill -9, in tests/test_duplicates_node.py.
+The clustered send path's screening is in tests/cluster/test_cluster_send.py; real nodes over gRPC
+and STOMP, and a kill -9, in tests/node/test_duplicates_node.py.
 """
 
 from __future__ import annotations

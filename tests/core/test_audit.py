@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from audit_kinds import DECLARED, write_every_kind
-from conftest import NodeProcess, cli, unique
+from audit_kinds import DECLARED, events_in, write_every_kind
+from conftest import REPO, NodeProcess, cli, unique
 from engine_harness import RecordingEngine, send
+from send_harness import ME, Node, ScriptedHandler, bind, msg, peers
 from structlog.testing import capture_logs
-from test_cluster_send import ME, Node, ScriptedHandler, bind, msg, peers
 from waiting import wait
 
 from broker import audit as audit_module
@@ -34,10 +34,6 @@ from handler.api import Binding
 from pipeline import history
 
 AUDIT = {"audit": {"enabled": True, "flush-ms": 20}}
-
-
-def events_in(directory: Path) -> list[dict[str, Any]]:
-    return [e for path in segments(directory) for e in read_events(path)]
 
 
 def wait_for(directory: Path, check: Any, timeout: float = 10.0) -> list[dict[str, Any]]:
@@ -92,7 +88,7 @@ def test_the_checker_reads_every_field_of_the_schema_with_its_type() -> None:
 
 
 def test_the_field_table_in_the_docs_is_the_schema() -> None:
-    doc = (Path(__file__).parents[1] / "docs" / "pipeline.md").read_text()
+    doc = (REPO / "docs" / "pipeline.md").read_text()
     table = re.findall(r"^\| `(\w+)` \| (\w+) \|", doc, re.MULTILINE)
     assert sorted(table) == sorted((f.name, f.type.__name__) for f in FIELDS)
 

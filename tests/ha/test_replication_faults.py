@@ -12,7 +12,7 @@ above, is the only fake.
   the other; it reports nothing in sync until a fresh snapshot is in, and then holds exactly
   what the primary holds.
 
-Run as a script (`python tests/test_replication_faults.py follow ...`) it is that backup
+Run as a script (`python tests/ha/test_replication_faults.py follow ...`) it is that backup
 process, armed to kill itself at a step.
 """
 
@@ -30,6 +30,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from conftest import REPO, TESTS
 from grpc import aio
 from replication_pair import (
     BIG,
@@ -305,7 +306,8 @@ async def test_a_backup_killed_while_swapping_a_snapshot_in_restarts_on_one_whol
                 [sys.executable, __file__, "follow", p.address, str(backup_dir), point],
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
-                cwd=Path(__file__).parent.parent,
+                cwd=REPO,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join((str(REPO), str(TESTS)))},
             )
             try:
                 code = await asyncio.to_thread(proc.wait, WAIT_S)

@@ -11,12 +11,11 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import cli, get
+from conftest import REPO, cli, get
 from log_levels import loud, stopped
 from ports import reserve_port
 from waiting import wait
 
-REPO = Path(__file__).resolve().parent.parent
 NODES = ("node1", "node1-backup", "node2", "node3")
 
 pytestmark = pytest.mark.slow

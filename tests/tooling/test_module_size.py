@@ -5,9 +5,9 @@ The generated stubs (`pinmq_pb/`) are not written by hand and are left out.
 
 from __future__ import annotations
 
-from pathlib import Path
+from conftest import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 MAX_LINES = 500
 PACKAGES = ("broker", "cluster", "handler", "pinmq", "pipeline", "bench", "tests", "deploy")
 

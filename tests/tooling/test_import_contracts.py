@@ -9,9 +9,10 @@ or forbidden to the client and to those leaves.
 from __future__ import annotations
 
 import tomllib
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import REPO
+
+ROOT = REPO
 
 
 def _contracts() -> dict[str, dict]:

@@ -22,11 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import PINMQ
+from conftest import PINMQ, REPO
 
 pytestmark = pytest.mark.slow  # the tours take 40 s and more: a module fixture, for all of them
 
-REPO = Path(__file__).resolve().parent.parent
 MARK = "@@@ tour line "
 SCRATCH = "@@@ tour scratch "
 HINT = "@@@ up hint"

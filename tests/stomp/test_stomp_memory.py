@@ -13,12 +13,12 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import NodeProcess
+from conftest import REPO, NodeProcess
 from stomp_helpers import Raw
 
 from pinmq.stomp.frames import encode_frame
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+BENCH = REPO / "bench"
 SOCKETS, PARKED_MIB = 30, 3
 
 

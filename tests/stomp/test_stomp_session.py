@@ -51,7 +51,7 @@ class StubNode:
         return self.core.exists(name)
 
     def admit(self, addresses: Any) -> None:
-        """Room for every send: the budget is the engine's (tests/test_address_full.py)."""
+        """Room for every send: the budget is the engine's (tests/node/test_address_full.py)."""
 
     async def create_queue(
         self, address: str, name: str, settings: Any, auto_created: bool = False

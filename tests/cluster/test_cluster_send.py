@@ -11,74 +11,22 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from engine_harness import RecordingEngine, send, send_now
+from send_harness import ME, Node, ScriptedHandler, bind, msg, peers
 
 from broker.config import NodeConfig, QueueConfig
-from broker.core import BrokerCore, CoreError
+from broker.core import CoreError
 from broker.effects import Effects
-from broker.message import DUPLICATE_ID_HEADER, GROUP_ID_HEADER, Outgoing
+from broker.message import GROUP_ID_HEADER, Outgoing
 from cluster.bridge import FORWARD_HEADER, sf_queue
 from cluster.member import ClusterMember
 from cluster.sending import ClusteredSendPath, GroupingUnavailable
 from cluster.topology import NodeState
-from handler.api import Binding, DecisionTimeout, GroupingHandler, HandlerUnavailable
-
-ME = "n1"
-
-
-class ScriptedHandler(GroupingHandler):
-    """Known bindings answer `cached`; `decide` records its calls and waits for `release`."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.bindings: dict[tuple[str, str], Binding] = {}
-        self.calls: list[tuple[str, str, str]] = []
-        self.release = asyncio.Event()
-        self.release.set()
-        self.fail: BaseException | None = None
-
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
-    def cached(self, group: str, queue: str) -> Binding | None:
-        return self.bindings.get((group, queue))
-
-    async def decide(self, group: str, queue: str, proposal_node: str) -> Binding:
-        self.calls.append((group, queue, proposal_node))
-        await self.release.wait()
-        if self.fail is not None:
-            raise self.fail
-        binding = self.bindings.setdefault((group, queue), Binding(group, queue, proposal_node, 1))
-        return binding
-
-    async def list_bindings(self, group: str | None = None, limit: int = 0) -> list[Any]:
-        return []
-
-    async def unbind(self, group: str, queue: str | None = None) -> int:
-        return 0
-
-
-def bind(handler: ScriptedHandler, group: str, queue: str, node: str) -> None:
-    handler.bindings[(group, queue)] = Binding(group, queue, node, 1)
-
-
-@dataclass
-class Node:
-    """The parts of a clustered node the send path works with."""
-
-    engine: RecordingEngine
-    cluster: ClusterMember
-    sender: ClusteredSendPath
-
-    @property
-    def core(self) -> BrokerCore:
-        return self.engine.core
+from handler.api import DecisionTimeout, HandlerUnavailable
 
 
 @pytest.fixture
@@ -100,23 +48,6 @@ def make(tmp_path: Path) -> Iterator[Any]:
         return Node(engine, cluster, ClusteredSendPath(engine, cluster, handler)), handler
 
     yield build
-
-
-def peers(node: Node, instances: dict[str, dict[str, dict[str, int]]], **handlers: str) -> None:
-    """Announce and link peers: node id -> {address: {queue: consumers}}."""
-    topology = node.cluster.topology
-    for peer, held in instances.items():
-        topology.update(NodeState(peer, f"{peer}:7701", handlers.get(peer), held, 1, 1))  # type: ignore[arg-type]
-        topology.connected(peer)
-
-
-def msg(
-    body: str, group: str | None = None, address: str = "orders", dup: str | None = None
-) -> Outgoing:
-    headers = {GROUP_ID_HEADER: group} if group else {}
-    if dup is not None:
-        headers[DUPLICATE_ID_HEADER] = dup
-    return Outgoing(address, body.encode(), headers, True)
 
 
 def where(node: Node, fx: Effects) -> list[tuple[str, str]]:

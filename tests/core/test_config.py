@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 from broker.config import (
     AddressSettings,
@@ -12,8 +13,6 @@ from broker.config import (
     QueueConfig,
 )
 from broker.config_file import ConfigError, load_config, parse_config
-
-REPO = Path(__file__).resolve().parent.parent
 
 CONTRACT = """
 node: {id: node1, data-dir: data/node1}

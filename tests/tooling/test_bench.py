@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from conftest import REPO
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+BENCH = REPO / "bench"
 sys.path.insert(0, str(BENCH))
 
 from harness.stats import order_and_owners, order_checks, pct  # noqa: E402

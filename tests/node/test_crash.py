@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import NodeProcess, unique
+from conftest import TESTS, NodeProcess, unique
 
 from broker.client import Client, Received
 
-LOAD_SCRIPT = Path(__file__).with_name("crash_load.py")
+LOAD_SCRIPT = TESTS / "crash_load.py"
 GROUPS = 20
 ROUNDS = 2
 SEQ_STEP = 1_000_000  # round r numbers its messages r * SEQ_STEP + 1, + 2, ... per group

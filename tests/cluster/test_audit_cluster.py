@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from audit_kinds import events_in
 from cluster_nodes import (
     ClusterNodes,
     Collector,
@@ -20,7 +21,6 @@ from cluster_nodes import (
     stomp_send,
 )
 from conftest import unique
-from test_audit import events_in
 from waiting import until
 
 from broker.audit import MID_HEADER
