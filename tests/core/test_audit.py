@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 from audit_kinds import DECLARED, events_in, write_every_kind
-from conftest import REPO, NodeProcess, cli, unique
+from conftest import REPO, NodeProcess, cli, depth, unique
 from engine_harness import RecordingEngine, send
 from send_harness import ME, Node, ScriptedHandler, bind, msg, peers
 from structlog.testing import capture_logs
-from waiting import wait
+from waiting import until, wait
 
 from broker import audit as audit_module
 from broker.audit import MID_HEADER, AuditLog, node_audit, read_events, segments
@@ -412,6 +412,7 @@ def test_the_cli_audits_sends_and_consumes(node_factory: Any, tmp_path: Path) ->
     assert {e["consumer_name"] for e in events if "consumer_name" in e} == {"cli-worker"}
 
 
+@pytest.mark.slow
 async def test_kill_9_keeps_every_written_line_and_a_restart_writes_a_new_run(
     node_factory: Any,
 ) -> None:
@@ -431,7 +432,11 @@ async def test_kill_9_keeps_every_written_line_and_a_restart_writes_a_new_run(
         sending = asyncio.ensure_future(
             producer.send_many([f"n{i}" for i in range(20000)], batch_size=50)
         )
-        await asyncio.sleep(0.3)
+
+        async def under_way() -> bool:
+            return await depth(client, queue) > 2000
+
+        await until("the second load under way", under_way)
         node.stop(signal.SIGKILL)
         with pytest.raises(Exception):  # noqa: B017 -- the node is gone, whatever the error
             await sending

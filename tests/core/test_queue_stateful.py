@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -379,4 +380,6 @@ QueueMachine.TestCase.settings = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-TestQueueMachine = QueueMachine.TestCase
+TestQueueMachine = pytest.mark.slow(
+    QueueMachine.TestCase
+)  # hypothesis runs the queue machine for 40 s

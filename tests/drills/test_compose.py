@@ -35,6 +35,8 @@ from broker.client import Client
 from broker.info import HaPairStatus
 from cluster.bridge import sf_queue
 
+pytestmark = pytest.mark.slow  # container drills: an image build, then a minute a drill
+
 IMAGE = "pinmq:test"
 KINDS = ("client", "stomp", "http")  # the ports `make up` prints for each node
 

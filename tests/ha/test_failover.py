@@ -242,6 +242,7 @@ def test_the_simulation_catches_a_broken_rule() -> None:
         sim.run(until=sim.now + 500)
 
 
+@pytest.mark.slow
 def test_ten_thousand_random_seeds_keep_node1_single_and_lose_no_binding() -> None:
     activations = unsettled = 0
     for seed in range(SEEDS):

@@ -17,11 +17,14 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import cli, get
 from ha_load import AUDIT, HaLoad
 from ha_load import GROUPS as LOAD_GROUPS
 from ha_nodes import BACKUP, PRIMARY, HaCluster, ha_detail, ready, serving
 from waiting import until
+
+pytestmark = pytest.mark.slow  # failover drills under audited load, each a minute or so
 
 
 @asynccontextmanager

@@ -58,6 +58,8 @@ from cluster.replica import SWAP_MARKER, Follower
 from pinmq_pb import cluster_pb2 as pb
 from pinmq_pb import cluster_pb2_grpc as pb_grpc
 
+pytestmark = pytest.mark.slow  # real primaries and backups through faults: tens of seconds each
+
 # ---- 1. a backup too far behind
 
 

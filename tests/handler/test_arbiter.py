@@ -313,4 +313,6 @@ ArbiterMachine.TestCase.settings = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-TestArbiter = ArbiterMachine.TestCase
+TestArbiter = pytest.mark.slow(
+    ArbiterMachine.TestCase
+)  # hypothesis runs the arbiter machine for 20 s

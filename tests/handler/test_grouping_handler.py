@@ -133,7 +133,10 @@ async def test_by_default_bindings_to_absent_instances_stay_for_as_long_as_they_
     await handler.start()
     try:
         handler.report_instances({("orders", "n1"): True, ("orders", "n2"): False})
-        await asyncio.sleep(0.5)  # 5x the handler timeout, 10 reaper runs
+        runs = handler.reaper_runs
+        await until(
+            "10 reaper runs (5x the handler timeout)", lambda: handler.reaper_runs >= runs + 10
+        )
         assert removed == []
         assert await handler.decide("g1", "orders", "n1") == waiting
     finally:

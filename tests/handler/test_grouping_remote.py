@@ -169,12 +169,20 @@ async def test_no_known_local_node_times_out_with_a_clear_message() -> None:
 
 async def test_a_decision_waits_for_the_local_node_to_become_known(tmp_path: Path) -> None:
     known: list[str] = []
+    asked = [0]  # how often the handler looked for the LOCAL node
+
+    def locate() -> str | None:
+        asked[0] += 1
+        return known[0] if known else None
+
     async with (
         local_node(tmp_path) as local,
-        remote_handler(lambda: known[0] if known else None, timeout=5000) as remote,
+        remote_handler(locate, timeout=5000) as remote,
     ):
+        before = asked[0]
         pending = asyncio.ensure_future(remote.decide("g", "orders", "n-remote"))
-        await asyncio.sleep(0.1)
+        await until("the decision to look for the LOCAL node in vain", lambda: asked[0] > before)
+        assert not pending.done()
         known.append(local.address)
         async with asyncio.timeout(WAIT_S):
             assert (await pending).node == "n-remote"
@@ -275,6 +283,7 @@ class _SlowTouch(CallCounter):
         return await super().intercept_service(continuation, details)
 
 
+@pytest.mark.slow
 async def test_refreshes_go_on_at_a_new_local_address_after_a_touch_was_cut_off(
     tmp_path: Path,
 ) -> None:

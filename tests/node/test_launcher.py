@@ -6,6 +6,7 @@ import os
 import socket
 from pathlib import Path
 
+import pytest
 import yaml
 from conftest import cli
 from ports import reserve_port
@@ -57,6 +58,7 @@ def test_up_waits_for_health_and_down_stops_everything(tmp_path: Path) -> None:
     assert not list(run.glob("*.pid"))
 
 
+@pytest.mark.slow
 def test_up_reports_a_node_that_cannot_start(tmp_path: Path) -> None:
     run = tmp_path / "run"
     (good, _), (bad, bad_url) = _config(tmp_path, "ok"), _config(tmp_path, "blocked")

@@ -31,6 +31,8 @@ from pipeline.cli import run_check
 from pipeline.history import HistoryError, load
 from pipeline.synth import Inject, generate
 
+pytestmark = pytest.mark.slow  # a Spark session, then seconds a check
+
 VIOLATIONS = ("lost", "duplicates", "order", "exclusivity", "routing")
 NONE = dict.fromkeys(VIOLATIONS, 0)
 
