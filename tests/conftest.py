@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 START_TIMEOUT_S = 20.0
 TESTS = Path(__file__).resolve().parent  # the test helpers; the tests are in folders by layer
 REPO = TESTS.parent
-pytest_plugins = ["stomp_helpers", "store_harness", "cluster_nodes"]  # their fixtures
+pytest_plugins = ["stomp_helpers", "store_harness", "cluster_nodes", "spark_session"]  # fixtures
 
 # `make test` runs tests on several pytest-xdist workers, each test on its own, except the
 # modules named here: the tests of a group run on one worker, one after another, and groups are
