@@ -74,9 +74,9 @@ TEST_WORKERS ?= 4
 test: prerequisites $(STAMP) $(COMPOSE_PLUGIN)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports  # the layers and no import cycles: pyproject.toml, docs/architecture.md
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --ignore=tests/test_pipeline.py
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --ignore=tests/pipeline
 	# Spark in a process of its own: after the gRPC tests its JVM gateway failed to start in-process.
-	$(BIN)/python -m pytest -q tests/test_pipeline.py
+	$(BIN)/python -m pytest -q tests/pipeline
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

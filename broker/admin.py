@@ -1,4 +1,4 @@
-"""What the client-facing Admin API needs of the cluster, as interfaces.
+"""What the client-facing Admin API needs of the cluster, as an interface.
 
 The protocol shells never import cluster/: a clustered node hands them `cluster/admin.py`'s
 ClusterAdministration, a standalone node nothing, and the cluster calls are then refused.
@@ -6,38 +6,10 @@ ClusterAdministration, a standalone node nothing, and the cluster calls are then
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
-
-class ClusterGroupView(Protocol):
-    """A group on one queue instance: its binding and its table entry there."""
-
-    group: str
-    queue: str
-    node: str
-    bound: bool
-    owner: str | None
-    owner_name: str | None
-    pending: int
-    outstanding: int
-    last_use_unix_ms: int
-
-
-class NodeStatusView(Protocol):
-    node_id: str
-    connected: bool
-    handler: str
-    consumers: Mapping[str, int]
-
-
-class HaPairView(Protocol):
-    logical: str
-    epoch: int
-    active: str
-    backup: str
-    backup_in_sync: bool
-    from_active: bool
+from broker.info import ClusterGroupInfo, HaPairStatus, NodeStatus
 
 
 class ClusterAdmin(Protocol):
@@ -45,7 +17,7 @@ class ClusterAdmin(Protocol):
 
     async def groups(
         self, queue: str | None, group: str | None
-    ) -> tuple[Sequence[ClusterGroupView], list[str]]:
+    ) -> tuple[Sequence[ClusterGroupInfo], list[str]]:
         """Every group of the cluster (of one queue, one group), and who did not answer."""
         ...
 
@@ -58,8 +30,8 @@ class ClusterAdmin(Protocol):
         """
         ...
 
-    def status(self) -> Sequence[NodeStatusView]: ...
+    def status(self) -> Sequence[NodeStatus]: ...
 
-    def ha(self) -> Sequence[HaPairView]:
+    def ha(self) -> Sequence[HaPairStatus]:
         """The LOCAL node's pair: the active process, its epoch, its backup (ha)."""
         ...

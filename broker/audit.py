@@ -41,7 +41,7 @@ class Changes(Protocol):
 
 
 class RoutingBinding(Protocol):
-    """The binding that routed a grouped message (`handler.arbiter.Binding`)."""
+    """The binding that routed a grouped message (`handler.records.Binding`)."""
 
     group: str
     epoch: int
@@ -100,6 +100,7 @@ class AuditLog:
         node: str | None = None,
         segment_bytes: int = SEGMENT_BYTES,
         flush_ms: int = FLUSH_MS,
+        holding: Callable[[], bool] | None = None,
     ) -> None:
         if not writer or "/" in writer:
             raise ValueError(f"bad audit writer name {writer!r}")
@@ -127,7 +128,7 @@ class AuditLog:
         self.error: BaseException | None = None  # the last write's failure, until one succeeds
         # An ha pair's active process: whether it still holds its node. A process that lost
         # its quorum records nothing more (its events would interleave with its successor's).
-        self.holding: Callable[[], bool] | None = None
+        self.holding = holding
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -478,8 +479,9 @@ def read_events(path: str | Path) -> Iterator[dict[str, Any]]:
         yield event
 
 
-def node_audit(config: Any) -> AuditLog | None:
-    """The node's audit writer per its `audit` config section, or None when disabled."""
+def node_audit(config: Any, holding: Callable[[], bool] | None = None) -> AuditLog | None:
+    """The node's audit writer per its `audit` config section, or None when disabled;
+    `holding`: see AuditLog."""
     section = getattr(config, "audit", None)
     if section is None or not section.enabled:
         return None
@@ -489,4 +491,5 @@ def node_audit(config: Any) -> AuditLog | None:
         config.node.id,
         segment_bytes=section.segment_bytes,
         flush_ms=section.flush_ms,
+        holding=holding,
     )

@@ -12,6 +12,8 @@ after gRPC's default backoff (up to two minutes, 13 s measured after a 30 s outa
 from __future__ import annotations
 
 KEEPALIVE_MS = 2000  # a silent peer is noticed within two of these
+# Trailing metadata of a call the node itself refused: its answer, not a lost connection.
+REFUSED_METADATA = ("pinmq-refused", "1")
 RECONNECT_MAX_MS = 1000
 
 Options = list[tuple[str, int]]

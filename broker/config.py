@@ -1,8 +1,7 @@
 """Node configuration: the YAML contract, validated with pydantic.
 
-`load_config` / `parse_config` turn a YAML file into a frozen `NodeConfig`, or raise
-`ConfigError` listing every problem (file, dotted key path, value, expectation) so an operator
-can fix the file in one pass.
+`NodeConfig` and its sections are the contract; `broker/config_file.py` reads a YAML file
+into a frozen `NodeConfig`, or says what is wrong with it.
 """
 
 from __future__ import annotations
@@ -12,18 +11,16 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
-    ValidationError,
     field_validator,
     model_validator,
 )
-from pydantic_core import ErrorDetails, PydanticCustomError
+from pydantic_core import PydanticCustomError
 
 from broker import wildcard
 
@@ -476,86 +473,3 @@ class NodeConfig(Strict):
     def queue_config_for(self, address: str) -> QueueConfig:
         """The QueueConfig of a queue auto-created on `address`."""
         return self.settings_for(address).queue_config()
-
-
-class ConfigError(Exception):
-    """A config file that cannot be used; `str()` is the user-facing report, one line each."""
-
-    def __init__(self, problems: list[str]) -> None:
-        super().__init__("\n".join(problems))
-        self.problems = problems
-
-
-def load_config(path: str | Path) -> NodeConfig:
-    """Read and validate a YAML config file."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError([f"{path}: config file not found"]) from None
-    except (OSError, UnicodeDecodeError) as err:
-        reason = err.strerror if isinstance(err, OSError) else "not UTF-8 text"
-        raise ConfigError([f"{path}: cannot read config file: {reason}"]) from None
-    return parse_config(text, str(path))
-
-
-def parse_config(text: str, source: str) -> NodeConfig:
-    """Validate YAML text; `source` names it (usually the file path) in error messages."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ConfigError([_yaml_problem(err, source)]) from None
-    if not isinstance(data, dict):
-        got = "an empty document" if data is None else _show(data)
-        raise ConfigError([f"{source}: got {got}, expected a mapping at the top level"])
-    try:
-        return NodeConfig.model_validate(data)
-    except ValidationError as err:
-        raise ConfigError([_problem(source, e) for e in err.errors()]) from None
-
-
-def _yaml_problem(err: yaml.YAMLError, source: str) -> str:
-    mark = getattr(err, "problem_mark", None)
-    where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
-    what = getattr(err, "problem", None) or str(err)
-    return f"{where}: invalid YAML: {what}"
-
-
-_PHRASES = re.compile(r"^(Input should be|Value error,( must be)?|must be)\s+")
-
-
-def _problem(source: str, error: ErrorDetails) -> str:
-    """One line per pydantic error: file, dotted key path (YAML spelling), value, expectation."""
-    loc = [str(part) for part in error["loc"]]
-    kind = error["type"]
-    if kind == "extra_forbidden":
-        return _join(source, loc[:-1], f"unknown key {loc[-1]!r}")
-    if kind == "missing":
-        return _join(source, loc, "missing required key")
-    if kind == "pinmq":
-        return _join(source, loc, error["msg"])
-    if kind == "literal_error":
-        expected = "one of " + error.get("ctx", {})["expected"].replace(" or ", ", ")
-    elif kind in ("model_type", "model_attributes_type", "dict_type"):
-        expected = "a mapping"
-    else:
-        # "Input should be a valid integer, unable to parse ..." -> "a valid integer"
-        expected = _PHRASES.sub("", error["msg"]).split(", unable to")[0]
-    return _join(source, loc, f"got {_show(error['input'])}, expected {expected}")
-
-
-def _join(source: str, loc: list[str], text: str) -> str:
-    return ": ".join([source, *([".".join(loc)] if loc else []), text])
-
-
-def _show(value: Any) -> str:
-    """A value as the user wrote it in YAML, short enough for one line."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."

@@ -7,22 +7,19 @@ The node shell is the only caller and calls from one thread; every operation ret
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Literal, Protocol
 
+from broker.addresses import Address, RoutingType
 from broker.budget import Budget, Refusal
 from broker.config import NodeConfig, QueueConfig
 from broker.duplicates import Change, IdCache
 from broker.effects import Effects
 from broker.grouping import group_key
-from broker.message import DUPLICATE_ID_HEADER, Message
+from broker.message import DUPLICATE_ID_HEADER, Message, Outgoing
 from broker.queue import NoSuchGroup, Queue, QueueError
 from broker.validation import InvalidInput, check_name
 
 ORIGINAL_ADDRESS_HEADER = "_AMQ_ORIG_ADDRESS"
 ORIGINAL_QUEUE_HEADER = "_AMQ_ORIG_QUEUE"
-
-RoutingType = Literal["anycast", "multicast"]
 
 
 class CoreError(Exception):
@@ -65,28 +62,10 @@ class AddressFull(CoreError):
         self.block = refusal.block
 
 
-class ClientMessage(Protocol):
-    """A client's message as duplicate detection reads it (`broker/sending.py`'s Outgoing)."""
-
-    address: str
-    headers: dict[str, str]
-    persistent: bool
-
-
-@dataclass(slots=True)
-class _Address:
-    name: str
-    routing_type: RoutingType
-    queues: list[str] = field(default_factory=list)
-    next_queue: int = 0
-    # anycast with several queues: which queue each group went to, so a group never splits
-    pins: dict[str, str] = field(default_factory=dict)
-
-
 class BrokerCore:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
-        self._addresses: dict[str, _Address] = {}
+        self._addresses: dict[str, Address] = {}
         self._queues: dict[str, Queue] = {}
         self._visible = 0  # queues counted against limits.max-queues (not internal `$` ones)
         self._idle_since: dict[str, int] = {}  # auto-created queue -> found idle since (ns)
@@ -130,8 +109,7 @@ class BrokerCore:
         self._visible -= not name.startswith("$")
         self._idle_since.pop(name, None)
         a = self._addresses[q.address]
-        a.queues.remove(name)
-        a.pins = {k: v for k, v in a.pins.items() if v != name}
+        a.remove(name)
         if not a.queues and a.name not in self.config.addresses:
             del self._addresses[a.name]  # auto-created: the next send creates it again
             self.budget.forget(a.name)
@@ -158,9 +136,7 @@ class BrokerCore:
                 continue
             restored += 1
             self._place(q, m, m.enqueued_ns, fx)
-            a = self._addresses[q.address]
-            if m.group is not None and a.routing_type == "anycast" and len(a.queues) > 1:
-                a.pins[m.group] = q.name
+            self._addresses[q.address].pin(m.group, q.name)
         self._next_id = max(self._next_id, top)
         return restored, orphans
 
@@ -182,78 +158,68 @@ class BrokerCore:
                 f"address {address!r} does not exist and address-settings forbid auto-creating it"
             )
 
-    def send(
-        self, address: str, body: bytes, headers: dict[str, str], persistent: bool, now_ns: int
-    ) -> tuple[int, Effects]:
-        self.check_address(address)
+    def send(self, m: Outgoing, now_ns: int) -> tuple[int, Effects]:
+        """Route a client's message by its address: to its queues, auto-created if allowed."""
+        self.check_address(m.address)
         fx = Effects()
-        a = self._addresses.get(address) or self._auto_create(address, fx)
-        msg_id = self._route(a, body, headers, persistent, now_ns, fx)
+        a = self._addresses.get(m.address) or self._auto_create(m.address, fx)
+        msg_id = self._route(a, m, now_ns, fx)
         self._dead_letter(now_ns, fx)
         return msg_id, fx
 
-    def deliver_to(
-        self,
-        queue: str,
-        address: str,
-        body: bytes,
-        headers: dict[str, str],
-        persistent: bool,
-        now_ns: int,
-        delivery_count: int = 0,
-    ) -> tuple[int | None, Effects]:
+    def deliver_to(self, queue: str, m: Outgoing, now_ns: int) -> tuple[int | None, Effects]:
         """Enqueue into one named queue, bypassing address routing (forwarded messages).
 
-        `delivery_count`: deliveries the message already had on another node (a moved group).
-
         Another node already chose `queue` as the target, so only that queue may take the
-        message. A missing queue is created on `address` per address-settings; where those
-        forbid it, the message goes to the address-settings dead-letter address, or is dropped
-        (msg id None) when there is none: it must not wait, or the sender's queue would stall.
+        message. A missing queue is created on the message's address per address-settings;
+        where those forbid it, the message goes to the address-settings dead-letter address,
+        or is dropped (msg id None) when there is none: it must not wait, or the sender's
+        queue would stall.
         """
         fx = Effects()
+        address = m.address
         q = self._queues.get(queue)
         if q is None:
             rules = self.config.settings_for(address)
             _check_name(address, "address")
             _check_name(queue, "queue name")
             if not (rules.auto_create_queues and rules.auto_create_addresses):
-                return self._no_route(address, queue, body, headers, persistent, now_ns, fx)
+                return self._no_route(queue, m, now_ns, fx)
             settings = rules.queue_config()
             q = self._add_queue(address, queue, settings, auto_created=True)
             fx.queues_created.append((address, queue, settings))
         msg_id = self._next_id
         self._next_id += 1
-        m = Message(
+        message = Message(
             msg_id=msg_id,
             queue=queue,
             address=address,
-            body=body,
-            headers=headers,
-            persistent=persistent and q.settings.durable,
+            body=m.body,
+            headers=m.headers,
+            persistent=m.persistent and q.settings.durable,
             enqueued_ns=now_ns,
-            delivery_count=delivery_count,
+            delivery_count=m.delivery_count,
         )
-        fx.added.append(m)
-        self._place(q, m, now_ns, fx)
+        fx.added.append(message)
+        self._place(q, message, now_ns, fx)
         self._dead_letter(now_ns, fx)
         return msg_id, fx
 
     # ---- duplicate detection (`_AMQ_DUPL_ID`, broker/duplicates.py) ---------------------------
 
-    def duplicates(self, batch: Sequence[ClientMessage]) -> list[bool]:
+    def duplicates(self, batch: Sequence[Outgoing]) -> list[bool]:
         """Which messages of a client's batch to drop: their id was accepted on their address
         lately, or an earlier message of the batch carries it. Changes nothing."""
         return self.ids.screen([(m.address, m.headers.get(DUPLICATE_ID_HEADER)) for m in batch])
 
-    def accepted(self, m: ClientMessage, msg_id: int, fx: Effects) -> None:
+    def accepted(self, m: Outgoing, msg_id: int, fx: Effects) -> None:
         """A client's message was routed (`msg_id`: its first copy's): its id, if it has one,
         is remembered, and for a persistent message stored with it (`fx.duplicate_ids`)."""
         dup_id = m.headers.get(DUPLICATE_ID_HEADER)
         if dup_id:
             fx.duplicate_ids += self.ids.add(m.address, dup_id, msg_id, m.persistent)
 
-    def dropped(self, m: ClientMessage, fx: Effects) -> int:
+    def dropped(self, m: Outgoing, fx: Effects) -> int:
         """A duplicate dropped (counted, reported in `fx.duplicates`): the msg id the sender
         is given, the original's while the cache holds it, else 0."""
         dup_id = m.headers.get(DUPLICATE_ID_HEADER, "")
@@ -285,15 +251,9 @@ class BrokerCore:
         return fx
 
     def _no_route(
-        self,
-        address: str,
-        queue: str,
-        body: bytes,
-        headers: dict[str, str],
-        persistent: bool,
-        now_ns: int,
-        fx: Effects,
+        self, queue: str, m: Outgoing, now_ns: int, fx: Effects
     ) -> tuple[int | None, Effects]:
+        address = m.address
         dla = self.config.settings_for(address).dead_letter_address
         if not dla or dla == address:
             return None, fx
@@ -302,9 +262,9 @@ class BrokerCore:
         except UnknownAddress:
             return None, fx
         a = self._addresses.get(dla) or self._auto_create(dla, fx)
-        dead_headers = {**headers, ORIGINAL_ADDRESS_HEADER: address, ORIGINAL_QUEUE_HEADER: queue}
-        msg_id = self._route(a, body, dead_headers, persistent, now_ns, fx)
-        return msg_id, fx
+        headers = {**m.headers, ORIGINAL_ADDRESS_HEADER: address, ORIGINAL_QUEUE_HEADER: queue}
+        dead = Outgoing(dla, m.body, headers, m.persistent)
+        return self._route(a, dead, now_ns, fx), fx
 
     def subscribe(
         self, queue: str, consumer_id: str, name: str, prefetch: int, now_ns: int
@@ -402,10 +362,10 @@ class BrokerCore:
         self._dead_letter(now_ns, fx)
         return fx
 
-    def _address(self, name: str, routing_type: RoutingType) -> _Address:
+    def _address(self, name: str, routing_type: RoutingType) -> Address:
         a = self._addresses.get(name)
         if a is None:
-            a = self._addresses[name] = _Address(name, routing_type)
+            a = self._addresses[name] = Address(name, routing_type)
         return a
 
     def _add_queue(
@@ -451,36 +411,31 @@ class BrokerCore:
             return False
         return not q.depth and not q.consumer_count
 
-    def _auto_create(self, address: str, fx: Effects) -> _Address:
+    def _auto_create(self, address: str, fx: Effects) -> Address:
         settings = self.config.queue_config_for(address)
         self._add_queue(address, address, settings, auto_created=True)
         fx.queues_created.append((address, address, settings))
         return self._addresses[address]
 
-    def _route(
-        self,
-        a: _Address,
-        body: bytes,
-        headers: dict[str, str],
-        persistent: bool,
-        now_ns: int,
-        fx: Effects,
-    ) -> int:
+    def _route(self, a: Address, m: Outgoing, now_ns: int, fx: Effects) -> int:
         msg_id = self._next_id
         self._next_id += 1
-        for name in self._targets(a, headers):
+        queues, key = a.queues, None
+        if a.routing_type == "anycast" and len(queues) > 1:  # the group's queue, if pinned
+            key = group_key(self._queues[queues[0]].settings, m.headers)
+        for name in a.targets(key):
             q = self._queues[name]
-            m = Message(
+            message = Message(
                 msg_id=msg_id,
                 queue=name,
                 address=a.name,
-                body=body,
-                headers=headers,
-                persistent=persistent and q.settings.durable,
+                body=m.body,
+                headers=m.headers,
+                persistent=m.persistent and q.settings.durable,
                 enqueued_ns=now_ns,
             )
-            fx.added.append(m)
-            self._place(q, m, now_ns, fx)
+            fx.added.append(message)
+            self._place(q, message, now_ns, fx)
         return msg_id
 
     def _place(self, q: Queue, m: Message, now_ns: int, fx: Effects) -> None:
@@ -491,18 +446,6 @@ class BrokerCore:
         if q.enqueue(m, now_ns, fx, full) and q.name not in self.paging:
             self.paging.add(q.name)
             fx.paging.append((q.name, True))
-
-    def _targets(self, a: _Address, headers: dict[str, str]) -> list[str]:
-        if a.routing_type == "multicast" or len(a.queues) <= 1:
-            return a.queues
-        key = group_key(self._queues[a.queues[0]].settings, headers)
-        if key is not None and key in a.pins:
-            return [a.pins[key]]
-        name = a.queues[a.next_queue % len(a.queues)]
-        a.next_queue += 1
-        if key is not None:
-            a.pins[key] = name
-        return [name]
 
     def _dead_letter(self, now_ns: int, fx: Effects) -> None:
         """Move dead messages to their queue's dead-letter address, or drop them."""
@@ -529,7 +472,7 @@ class BrokerCore:
                 ORIGINAL_ADDRESS_HEADER: m.address,
                 ORIGINAL_QUEUE_HEADER: m.queue,
             }
-            self._route(a, m.body, headers, m.persistent, now_ns, fx)
+            self._route(a, Outgoing(dla, m.body, headers, m.persistent), now_ns, fx)
 
 
 def _check_name(name: str, what: str) -> None:

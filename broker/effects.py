@@ -1,5 +1,5 @@
 """What the pure core hands to the shells: the Effects of an operation (deliveries, messages to
-persist, delete or dead-letter, queues created) and a group table's entries."""
+persist, delete or dead-letter, queues created)."""
 
 from __future__ import annotations
 
@@ -17,28 +17,6 @@ class Delivery:
     consumer_id: str
     message: Message
     first_in_group: bool
-
-
-@dataclass(slots=True)
-class GroupInfo:
-    group: str
-    owner: str | None
-    owner_name: str | None
-    pending: int
-    outstanding: int
-    last_use_ns: int
-
-
-@dataclass(slots=True)
-class ConsumerInfo:
-    """A consumer of a queue as operators see it; `stalled_ms` 0 unless it stalls."""
-
-    consumer_id: str
-    name: str
-    prefetch: int
-    unacked: int
-    groups: int
-    stalled_ms: int
 
 
 @dataclass(slots=True)

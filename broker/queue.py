@@ -26,9 +26,10 @@ from collections.abc import Container, Sequence
 from broker.budget import Meter
 from broker.config import QueueConfig
 from broker.dispatch import Dispatcher
-from broker.effects import ConsumerInfo, Effects, GroupInfo
+from broker.effects import Effects
 from broker.group_state import HELD, Consumer, Group, by_key
 from broker.grouping import group_key
+from broker.info import ConsumerInfo, GroupInfo
 from broker.message import GROUP_SEQ_HEADER, Message
 
 

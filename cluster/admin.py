@@ -11,17 +11,25 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Protocol
 
 from grpc import aio
 
 from broker.config import ClusterSection
 from broker.core import CoreError
+from broker.info import (
+    NS_PER_MS,
+    ClusterGroupInfo,
+    HaPairStatus,
+    NodeStatus,
+    from_table_fields,
+    table_fields,
+)
 from cluster.bridge import SF_PREFIX
 from cluster.connector import CHANNEL_OPTIONS
-from cluster.ha import HaPair, PairShell, VoterRegistry, known_pairs
-from cluster.local import LocalNode
+from cluster.ha import PairShell, VoterRegistry, known_pairs
+from cluster.local import LocalEngine
 from cluster.replication import Replicator
 from cluster.topology import Topology
 from handler.api import BindingUse, GroupingHandler, HandlerUnavailable
@@ -29,42 +37,12 @@ from pinmq_pb import cluster_pb2 as pb
 from pinmq_pb import cluster_pb2_grpc as pb_grpc
 
 PEER_TIMEOUT_S = 5.0
-_MS = 1_000_000
-
-
-@dataclass(frozen=True, slots=True)
-class GroupRow:
-    """One group in the group table of one queue on one node."""
-
-    node: str
-    queue: str
-    group: str
-    owner: str | None
-    owner_name: str | None
-    pending: int
-    outstanding: int
-    last_use_unix_ms: int
-
-
-@dataclass(slots=True)
-class ClusterGroup:
-    """A group on one instance, `queue@node`: its binding (if any) and its table entry there."""
-
-    group: str
-    queue: str
-    node: str
-    bound: bool
-    owner: str | None = None
-    owner_name: str | None = None
-    pending: int = 0
-    outstanding: int = 0
-    last_use_unix_ms: int = 0
 
 
 class GroupsHost(Protocol):
-    """What the group listings need of the cluster node (`cluster/node.py`)."""
+    """What the group listings need of the cluster member (`cluster/member.py`)."""
 
-    node: LocalNode
+    engine: LocalEngine
     node_id: str
     config: ClusterSection
     topology: Topology
@@ -77,74 +55,63 @@ class GroupsHost(Protocol):
     def problems(self) -> list[str]: ...
 
 
-def node_groups(cluster: GroupsHost, queue: str | None, group: str | None) -> list[GroupRow]:
-    """This node's group table rows of its clustered queues (of one queue, one group)."""
+def node_groups(
+    cluster: GroupsHost, queue: str | None, group: str | None
+) -> list[ClusterGroupInfo]:
+    """This node's group table rows of its clustered queues (of one queue, one group); their
+    `bound` is left False: the bindings say (`merge`)."""
     covers = cluster.config.covers
-    rows: list[GroupRow] = []
-    for q in cluster.node.core.queues():
+    rows: list[ClusterGroupInfo] = []
+    for q in cluster.engine.queues():
         if (queue and q.name != queue) or q.name.startswith(SF_PREFIX) or not covers(q.address):
             continue
         for g in q.groups():
             if group and g.group != group:
                 continue
             rows.append(
-                GroupRow(
-                    cluster.node_id,
-                    q.name,
+                ClusterGroupInfo(
                     g.group,
+                    q.name,
+                    cluster.node_id,
+                    False,
                     g.owner,
                     g.owner_name,
                     g.pending,
                     g.outstanding,
-                    g.last_use_ns // _MS,
+                    g.last_use_ns,
                 )
             )
     return rows
 
 
-def row_to_pb(row: GroupRow) -> pb.GroupRow:
-    return pb.GroupRow(
-        queue=row.queue,
-        group=row.group,
-        owner_consumer_id=row.owner or "",
-        owner_name=row.owner_name or "",
-        pending=row.pending,
-        outstanding=row.outstanding,
-        last_use_unix_ms=row.last_use_unix_ms,
-    )
+def row_to_pb(row: ClusterGroupInfo) -> pb.GroupRow:
+    return pb.GroupRow(queue=row.queue, group=row.group, **table_fields(row))
 
 
-def row_from_pb(node: str, row: pb.GroupRow) -> GroupRow:
-    return GroupRow(
-        node,
-        row.queue,
-        row.group,
-        row.owner_consumer_id or None,
-        row.owner_name or None,
-        row.pending,
-        row.outstanding,
-        row.last_use_unix_ms,
-    )
+def row_from_pb(node: str, row: pb.GroupRow) -> ClusterGroupInfo:
+    return ClusterGroupInfo(row.group, row.queue, node, False, **from_table_fields(row))
 
 
-def merge(bindings: Iterable[BindingUse], rows: Iterable[GroupRow]) -> list[ClusterGroup]:
+def merge(
+    bindings: Iterable[BindingUse], rows: Iterable[ClusterGroupInfo]
+) -> list[ClusterGroupInfo]:
     """One entry per (group, queue, node): bound there, present in its table, or both.
 
     A group present on a node it is not bound to (messages that were already there when
     its binding moved, or an address without grouping handler) is listed as not bound.
     """
-    merged: dict[tuple[str, str, str], ClusterGroup] = {}
-    for binding, last_use in bindings:
+    merged: dict[tuple[str, str, str], ClusterGroupInfo] = {}
+    for binding, last_use_ms in bindings:
         key = (binding.group, binding.queue, binding.node)
-        merged[key] = ClusterGroup(*key, bound=True, last_use_unix_ms=last_use)
+        merged[key] = ClusterGroupInfo(*key, bound=True, last_use_ns=last_use_ms * NS_PER_MS)
     for row in rows:
         key = (row.group, row.queue, row.node)
-        entry = merged.get(key)
-        if entry is None:
-            entry = merged[key] = ClusterGroup(*key, bound=False)
-        entry.owner, entry.owner_name = row.owner, row.owner_name
-        entry.pending, entry.outstanding = row.pending, row.outstanding
-        entry.last_use_unix_ms = max(entry.last_use_unix_ms, row.last_use_unix_ms)
+        bound = merged.get(key)
+        merged[key] = replace(
+            row,
+            bound=bound is not None,
+            last_use_ns=max(row.last_use_ns, bound.last_use_ns if bound else 0),
+        )
     return sorted(merged.values(), key=lambda e: (e.queue, e.group, e.node))
 
 
@@ -153,7 +120,7 @@ async def cluster_groups(
     handler: GroupingHandler | None,
     queue: str | None = None,
     group: str | None = None,
-) -> tuple[list[ClusterGroup], list[str]]:
+) -> tuple[list[ClusterGroupInfo], list[str]]:
     """Every group of the cluster (of one queue, one group) and who did not answer."""
     unreachable: list[str] = []
 
@@ -167,7 +134,7 @@ async def cluster_groups(
             return []
         return [b for b in listed if not queue or b.binding.queue == queue]
 
-    async def table(peer: str) -> list[GroupRow]:
+    async def table(peer: str) -> list[ClusterGroupInfo]:
         address = cluster.peer_address(peer)
         if address is None or not cluster.topology.is_connected(peer):
             unreachable.append(f"{peer}: not connected")
@@ -188,16 +155,6 @@ async def cluster_groups(
     return merge(listed, rows), sorted(unreachable)
 
 
-@dataclass(frozen=True, slots=True)
-class NodeStatus:
-    """One node as this node sees it: linked or not, its handler, its consumers per queue."""
-
-    node_id: str
-    connected: bool
-    handler: str  # "LOCAL", "REMOTE" or ""
-    consumers: dict[str, int]
-
-
 class ClusterAdministration:
     """The cluster side of the client Admin API (`broker/admin.py`'s ClusterAdmin)."""
 
@@ -208,13 +165,13 @@ class ClusterAdministration:
 
     async def groups(
         self, queue: str | None, group: str | None
-    ) -> tuple[list[ClusterGroup], list[str]]:
+    ) -> tuple[list[ClusterGroupInfo], list[str]]:
         return await cluster_groups(self.cluster, self.handler, queue, group)
 
     def problems(self) -> list[str]:
         return self.cluster.problems()
 
-    def ha(self) -> list[HaPair]:
+    def ha(self) -> list[HaPairStatus]:
         cluster = self.cluster
         replicator = cluster.replicator
         in_sync = replicator.status()["backup_in_sync"] if replicator is not None else None

@@ -25,13 +25,14 @@ import grpc
 from grpc import aio
 
 from broker import logs
-from broker.clock import now_ns
 from broker.config import ClusterSection, QueueConfig
 from broker.core import CoreError
-from broker.effects import Delivery, Effects
-from broker.engine import ConsumerStream
+from broker.effects import Delivery
+from broker.message import Outgoing
+from broker.streams import ConsumerStream
+from broker.unit import Placement, Unit
 from cluster.connector import CHANNEL_OPTIONS
-from cluster.local import LocalNode
+from cluster.local import LocalEngine
 from cluster.outage import Outage
 from pinmq_pb import cluster_pb2 as pb
 from pinmq_pb import cluster_pb2_grpc as pb_grpc
@@ -42,25 +43,16 @@ log = logs.get("cluster")
 class Admission(Protocol):
     """Where a forwarded message goes on arrival (`cluster/claims.py`)."""
 
-    def admit(
-        self,
-        queue: str,
-        address: str,
-        body: bytes,
-        headers: dict[str, str],
-        persistent: bool,
-        delivery_count: int,
-        now_ns: int,
-    ) -> tuple[int | None, Effects]:
-        """Enqueue it here (its group held if its binding here is unconfirmed), or move it on
-        to the node its group is bound to now; as `BrokerCore.deliver_to`."""
+    def admit(self, queue: str, message: Outgoing, unit: Unit) -> int | None:
+        """Enqueue it here with `unit` (its group held if its binding here is unconfirmed);
+        its msg id, as `Unit.place`."""
         ...
 
 
 class BridgeHost(Protocol):
-    """What forwarding needs of the cluster node that runs it (`cluster/node.py`)."""
+    """What forwarding needs of the cluster member that runs it (`cluster/member.py`)."""
 
-    node: LocalNode
+    engine: LocalEngine
     node_id: str
     store_id: int
     config: ClusterSection
@@ -109,55 +101,53 @@ class ForwardReceiver:
         """Enqueue a batch now; returns the seq to acknowledge and the write to await first."""
         key = f"{batch.origin}/{batch.origin_store}"
         mark = top = self._accepted.get(key, 0)
-        node = self.cluster.node
-        core = node.core
-        now = now_ns()
-        fx = Effects()
-        for m in batch.messages:
-            if m.seq <= top:
-                self.duplicates += 1
-                continue
-            top = m.seq
-            headers = {k: m.headers[k] for k in m.headers}
-            headers[FORWARD_HEADER] = f"{batch.origin}:{m.seq}"
-            count = _count(headers.pop(COUNT_HEADER, None))
-            admission = self.cluster.admission
-            try:
-                if m.queue.startswith(SF_PREFIX):  # would forward it on: max-hops is 1
-                    raise CoreError(f"{m.queue!r} is an internal queue")
-                if admission is None:
-                    msg_id, more = core.deliver_to(
-                        m.queue, m.address, m.body, headers, m.persistent, now, count
-                    )
-                else:
-                    msg_id, more = admission.admit(
-                        m.queue, m.address, m.body, headers, m.persistent, count, now
-                    )
-            except CoreError as err:
-                self.dropped += 1
-                log.error(
-                    "forwarded message dropped", origin=batch.origin, seq=m.seq, error=str(err)
-                )
-                continue
-            if msg_id is None:
-                self.dropped += 1
-                log.warning(
-                    "forwarded message dropped: no queue and no dead-letter address",
-                    origin=batch.origin,
-                    seq=m.seq,
-                    queue=m.queue,
-                )
-            fx.merge(more)
+        admission = self.cluster.admission
+        with self.cluster.engine.unit() as unit:
+            for m in batch.messages:
+                if m.seq <= top:
+                    self.duplicates += 1
+                    continue
+                top = m.seq
+                self._enqueue(batch.origin, m, admission, unit)
+            if top != mark:
+                unit.mark(key, top)
         if top == mark:
             write = self._writes.get(key)
             return mark, write if write is not None and not write.done() else None
         self._accepted[key] = top
-        # One write for the messages and the mark; through Engine.apply like any send, so the
-        # messages are audited (`sent` here) and gate their deliveries the same way.
-        write = node.apply(fx, marks={key: top})
+        # One write for the messages and the mark, like any send's, so the messages are
+        # audited (`sent` here) and gate their deliveries the same way.
+        write = unit.write
         assert write is not None  # a mark is always written
         self._writes[key] = write
         return top, write
+
+    def _enqueue(
+        self, origin: str, m: pb.ForwardedMessage, admission: Admission | None, unit: Unit
+    ) -> None:
+        headers = {k: m.headers[k] for k in m.headers}
+        headers[FORWARD_HEADER] = f"{origin}:{m.seq}"
+        count = _count(headers.pop(COUNT_HEADER, None))
+        message = Outgoing(m.address, m.body, headers, m.persistent, count)
+        try:
+            if m.queue.startswith(SF_PREFIX):  # would forward it on: max-hops is 1
+                raise CoreError(f"{m.queue!r} is an internal queue")
+            if admission is None:
+                msg_id = unit.place(Placement(m.queue, message))
+            else:
+                msg_id = admission.admit(m.queue, message, unit)
+        except CoreError as err:
+            self.dropped += 1
+            log.error("forwarded message dropped", origin=origin, seq=m.seq, error=str(err))
+            return
+        if msg_id is None:
+            self.dropped += 1
+            log.warning(
+                "forwarded message dropped: no queue and no dead-letter address",
+                origin=origin,
+                seq=m.seq,
+                queue=m.queue,
+            )
 
     async def serve(self, context: aio.ServicerContext) -> None:
         """One Forward stream: batches are enqueued as they arrive, acks follow their writes."""
@@ -258,25 +248,23 @@ class Bridge:
             cluster.bridge_ended(self)
 
     async def _session(self, address: str) -> None:
-        node, core = self.cluster.node, self.cluster.node.core
+        engine = self.cluster.engine
         consumer_id = f"bridge-{uuid.uuid4().hex[:12]}"
-        stream = ConsumerStream(consumer_id, self.queue)
         inflight: deque[tuple[int, int]] = deque()  # (seq, delivery id), in delivery order
         async with aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
             call = pb_grpc.ClusterStub(channel).Forward()
             try:
-                name = f"bridge to {self.peer}"
-                fx = core.subscribe(self.queue, consumer_id, name, PREFETCH, now_ns())
+                with engine.unit() as unit:
+                    name = f"bridge to {self.peer}"
+                    stream = unit.subscribe(self.queue, consumer_id, name, PREFETCH)
             except CoreError:
                 call.cancel()
                 raise _QueueGone from None
-            node.streams[consumer_id] = stream
             tasks: list[asyncio.Task[None]] = []
             try:
-                node.apply(fx)
                 tasks = [
                     asyncio.create_task(self._send(call, stream, inflight)),
-                    asyncio.create_task(self._receive(call, consumer_id, inflight)),
+                    asyncio.create_task(self._receive(call, stream, inflight)),
                 ]
                 await asyncio.wait([*tasks, stream.ended], return_when=asyncio.FIRST_COMPLETED)
                 if stream.ended.done():
@@ -292,9 +280,8 @@ class Bridge:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 call.cancel()
-                node.streams.pop(consumer_id, None)
-                # In-flight messages go back to the head of the queue, in order.
-                node.apply(core.close_consumer(self.queue, consumer_id, now_ns()))
+                with engine.unit() as unit:  # in-flight messages go back to the head, in order
+                    unit.unsubscribe(stream)
 
     async def _send(
         self, call: aio.StreamStreamCall, stream: ConsumerStream, inflight: deque[tuple[int, int]]
@@ -340,9 +327,9 @@ class Bridge:
         self.sent += 1
 
     async def _receive(
-        self, call: aio.StreamStreamCall, consumer_id: str, inflight: deque[tuple[int, int]]
+        self, call: aio.StreamStreamCall, stream: ConsumerStream, inflight: deque[tuple[int, int]]
     ) -> None:
-        node, core = self.cluster.node, self.cluster.node.core
+        engine = self.cluster.engine
         while (ack := await call.read()) is not aio.EOF:
             ids = []
             while inflight and inflight[0][0] <= ack.seq:
@@ -350,7 +337,8 @@ class Bridge:
             if ids:
                 self.acked += len(ids)
                 try:
-                    node.apply(core.ack(self.queue, consumer_id, ids, now_ns()))
+                    with engine.unit() as unit:
+                        unit.settle(stream, "ack", ids)
                 except CoreError:
                     raise _QueueGone from None
         raise ConnectionError("the peer ended the forward stream")

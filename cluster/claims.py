@@ -28,15 +28,15 @@ import contextlib
 import itertools
 
 from broker import logs
-from broker.clock import now_ns
 from broker.config import GroupingHandlerSection, QueueConfig
 from broker.core import CoreError
-from broker.effects import Effects
+from broker.engine import QueueView
 from broker.grouping import group_key
-from broker.queue import Queue
+from broker.message import Outgoing
+from broker.unit import Placement, Unit
 from cluster.bridge import SF_PREFIX
-from cluster.local import LocalNode
-from cluster.node import ClusterNode
+from cluster.local import LocalEngine
+from cluster.member import ClusterMember
 from handler.api import Binding, DecisionTimeout, GroupingHandler, HandlerUnavailable, RemovalReason
 from handler.bindings import BindingStoreError
 
@@ -53,13 +53,12 @@ class GroupClaims:
 
     def __init__(
         self,
-        node: LocalNode,
-        cluster: ClusterNode,
+        engine: LocalEngine,
+        cluster: ClusterMember,
         handler: GroupingHandler,
         grouping: GroupingHandlerSection,
     ) -> None:
-        self.node = node
-        self.core = node.core
+        self.engine = engine
         self.cluster = cluster
         self.handler = handler
         self.grouping = grouping
@@ -75,11 +74,12 @@ class GroupClaims:
     def hold_restored(self) -> int:
         """Hold every group restored from the store; call before consumers can subscribe."""
         held = 0
-        for q in self.core.queues():
-            if self._governs(q.name, q.address, q.settings):
-                for info in q.groups():
-                    self._hold(q.name, info.group)
-                    held += 1
+        with self.engine.unit() as unit:
+            for q in self.engine.queues():
+                if self._governs(q.name, q.address, q.settings):
+                    for info in q.groups():
+                        self._hold(q.name, info.group, unit)
+                        held += 1
         if held:
             log.info("restored groups held until their bindings are confirmed", groups=held)
         return held
@@ -100,40 +100,32 @@ class GroupClaims:
         """An `on_removed` callback: a binding to this node went away; hold what is left."""
         if binding.node != self.node_id:
             return
-        try:
-            q = self.core.queue(binding.queue)
-        except CoreError:
+        q = self._queue(binding.queue)
+        if q is None:
             return
         if self._governs(q.name, q.address, q.settings) and q.has_group(binding.group):
-            self._hold(q.name, binding.group)
+            with self.engine.unit() as unit:
+                self._hold(q.name, binding.group, unit)
 
-    def admit(
-        self,
-        queue: str,
-        address: str,
-        body: bytes,
-        headers: dict[str, str],
-        persistent: bool,
-        delivery_count: int,
-        now: int,
-    ) -> tuple[int | None, Effects]:
+    def admit(self, queue: str, message: Outgoing, unit: Unit) -> int | None:
         """A forwarded message arrives: enqueued, held unless its group is known bound here."""
-        core = self.core
         q = self._queue(queue)
-        settings = q.settings if q is not None else self.node.config.queue_config_for(address)
+        address, headers = message.address, message.headers
+        settings = q.settings if q is not None else self.engine.config.queue_config_for(address)
         key = group_key(settings, headers) if self._governs(queue, address, settings) else None
         binding = self.handler.cached(key, queue) if key is not None else None
+        here = Placement(queue, message)
         if key is None or (binding is not None and binding.node == self.node_id):
-            return core.deliver_to(queue, address, body, headers, persistent, now, delivery_count)
+            return unit.place(here)
         if q is not None:
-            self._hold(queue, key)  # before it is enqueued: nothing of it is delivered
-        msg_id, fx = core.deliver_to(queue, address, body, headers, persistent, now, delivery_count)
+            self._hold(queue, key, unit)  # before it is enqueued: nothing of it is delivered
+        msg_id = unit.place(here)
         if q is None and msg_id is not None:  # a queue created just now has no consumer yet
-            self._hold(queue, key)
-        return msg_id, fx
+            self._hold(queue, key, unit)
+        return msg_id
 
-    def _hold(self, queue: str, group: str) -> None:
-        self.core.hold_group(queue, group)
+    def _hold(self, queue: str, group: str, unit: Unit) -> None:
+        unit.hold(queue, group)
         self._due[(queue, group)] = None
         self._wake.set()
 
@@ -145,9 +137,9 @@ class GroupClaims:
             and self.cluster.config.covers(address)
         )
 
-    def _queue(self, name: str) -> Queue | None:
+    def _queue(self, name: str) -> QueueView | None:
         try:
-            return self.core.queue(name)
+            return self.engine.queue(name)
         except CoreError:
             return None
 
@@ -220,7 +212,8 @@ class GroupClaims:
         self._draining.discard(claim)
         if self._queue(queue) is None:
             return 0
-        self.node.apply(self.core.unhold_group(queue, group, now_ns()))
+        with self.engine.unit() as unit:
+            unit.unhold(queue, group)
         return 1
 
     def _move(self, claim: Claim, node: str) -> int:
@@ -230,21 +223,13 @@ class GroupClaims:
         if q is None or not q.has_group(group):
             self._draining.discard(claim)
             return 0
-        try:
-            taken, fx = self.core.take_group(queue, group)
-        except CoreError:  # no longer held: its binding came back here meanwhile
-            return 0
-        now = now_ns()
-        audit = self.node.audit
-        if taken and audit is not None:
-            audit.moved(taken, f"{queue}@{node}")
-        for m in taken:
-            fx.merge(
-                self.cluster.forward(
-                    node, queue, m.address, m.body, m.headers, m.persistent, now, m.delivery_count
-                )
-            )
-        self.node.apply(fx)
+        with self.engine.unit() as unit:  # taken here and put on their way in one store write
+            try:
+                taken = unit.take_group(queue, group, f"{queue}@{node}")
+            except CoreError:  # no longer held: its binding came back here meanwhile
+                return 0
+            for m in taken:
+                unit.place(self.cluster.forwarding(node, queue, m.outgoing()))
         if q.has_group(group):
             self._draining.add(claim)
         else:

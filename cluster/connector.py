@@ -3,7 +3,7 @@
 A node dials each of its connectors (`run_connector`) and re-dials every reconnect-interval
 while the peer is away; the peer serves the same stream (`GossipLink.serve`). Whichever side
 opened it, a link sends this node's state first and then every change (only the newest state
-is ever queued, so bursts coalesce), and hands every state it reads to the `ClusterNode`.
+is ever queued, so bursts coalesce), and hands every state it reads to the `ClusterMember`.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def state_from_pb(msg: pb.NodeState) -> NodeState:
 
 
 class GossipHost(Protocol):
-    """What a gossip link needs of the cluster node it belongs to (`cluster/node.py`)."""
+    """What a gossip link needs of the cluster member it belongs to (`cluster/member.py`)."""
 
     node_id: str
     config: ClusterSection

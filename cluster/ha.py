@@ -16,7 +16,7 @@ import os
 import random
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from grpc import aio
 from broker import channels, sqlite_file
 from broker.config import NodeConfig
 from broker.engine import NotServing
+from broker.info import HaPairStatus
 from cluster.failover import Durable, Member
 from cluster.failover_messages import (
     Handover,
@@ -101,7 +102,7 @@ def _caller(message: Message) -> str:
 
 
 class VoterRegistry:
-    """A cluster node's votes for every pair it hears from (`<data-dir>/ha-votes.json`).
+    """A cluster member's votes for every pair it hears from (`<data-dir>/ha-votes.json`).
 
     A promise lasts the pair's failure-timeout, which its messages carry; after a restart,
     until the pair is heard again, the longest that any config allows is assumed.
@@ -401,34 +402,22 @@ class PairShell:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class HaPair:
-    """An ha pair as one node knows it (`pinmq status`)."""
-
-    logical: str
-    epoch: int
-    active: str
-    backup: str
-    backup_in_sync: bool
-    from_active: bool  # this node is its active process; else what it last heard
-
-
 def known_pairs(
     pair: PairShell | None, backup_in_sync: bool | None, voters: VoterRegistry
-) -> list[HaPair]:
+) -> list[HaPairStatus]:
     """The pairs this node knows of: from the voters' records, or, on the active process,
     from its own member (`backup_in_sync`: its replication's view, when it has one)."""
-    found: dict[str, HaPair] = {}
+    found: dict[str, HaPairStatus] = {}
     for logical, voter in voters.voters.items():
         r = voter.ballot.record
         if r.epoch:
-            found[logical] = HaPair(
+            found[logical] = HaPairStatus(
                 logical, r.epoch, r.active or "", r.backup or "", r.backup_in_sync, False
             )
     if pair is not None and pair.logical and pair.member.role is Role.ACTIVE:
         m = pair.member
         in_sync = m.backup_in_sync if backup_in_sync is None else backup_in_sync
-        found[pair.logical] = HaPair(pair.logical, m.epoch, m.name, m.peer, in_sync, True)
+        found[pair.logical] = HaPairStatus(pair.logical, m.epoch, m.name, m.peer, in_sync, True)
     return [found[logical] for logical in sorted(found)]
 
 

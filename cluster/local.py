@@ -1,37 +1,42 @@
-"""What the cluster needs of its own node, as an interface: the cluster never imports the node.
+"""What the cluster needs of its own node's engine, as an interface.
 
 The node process passes its engine (`broker/engine.py`), which has all of this; tests may pass
-anything that has it too.
+anything that has it too. The cluster changes its node only through the engine's commands
+(`unit()`); the rest is read-only.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Mapping
 from typing import Protocol
 
-from broker.audit import AuditLog
 from broker.config import NodeConfig
-from broker.core import BrokerCore
-from broker.effects import Effects
-from broker.engine import ConsumerStream, Receipt
-from broker.store import Store
+from broker.engine import QueueView
+from broker.unit import Unit
 
 
-class LocalNode(Protocol):
-    """The core and store of this node, its consumer streams, and how effects are applied."""
+class LocalEngine(Protocol):
+    """This node's engine as the cluster uses it: commands, and read-only queries."""
 
     config: NodeConfig
-    core: BrokerCore
-    streams: dict[str, ConsumerStream]
-    audit: AuditLog | None
 
-    @property
-    def store(self) -> Store: ...
+    def unit(self) -> Unit: ...
 
-    def apply(
-        self,
-        fx: Effects,
-        receipt: tuple[ConsumerStream, Receipt] | None = None,
-        marks: Mapping[str, int] | None = None,
-    ) -> asyncio.Future[None] | None: ...
+    def queue(self, name: str) -> QueueView:
+        """Raises CoreError if there is none."""
+        ...
+
+    def queues(self) -> list[QueueView]: ...
+
+    def queues_of(self, address: str) -> list[QueueView]: ...
+
+    def check_address(self, address: str) -> None:
+        """Raises CoreError unless a send to `address` would be routed to a queue."""
+        ...
+
+    def store_id(self) -> int:
+        """The store's identity: forwarding marks are per origin store."""
+        ...
+
+    def forward_marks(self) -> dict[str, int]:
+        """Per origin, the highest forwarded sequence this node holds (`cluster/bridge.py`)."""
+        ...

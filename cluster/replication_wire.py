@@ -40,7 +40,7 @@ Record = StoreWrite | BindingsWrite
 
 # The tuples a `MessageWrite` holds go on the wire as they are (every send and ack makes some:
 # no conversion), so format 1 is these fields in this order. A store whose tuples differ (the
-# store names their fields, tests/test_replication_wire.py compares) needs a conversion here and
+# store names their fields, tests/ha/test_replication_wire.py compares) needs a conversion here and
 # a new FORMAT.
 FIELDS = {
     "added": (

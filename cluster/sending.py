@@ -5,7 +5,7 @@ For an address the cluster does not cover, a message goes through `BrokerCore.se
 on a standalone node. On a clustered address every target queue of
 the message (one for anycast, each queue for multicast) gets an instance `queue@node`:
 
-- ungrouped (or no grouping handler covers the address): `ClusterNode.choose`;
+- ungrouped (or no grouping handler covers the address): `ClusterMember.choose`;
 - grouped: the grouping handler's binding of (group key, queue). A binding known without I/O
   (`cached`) routes at once; otherwise the node proposes what `choose` picks and awaits the
   decision (`decide`), which may take up to the handler's `timeout`.
@@ -40,13 +40,13 @@ from broker import logs
 from broker.clock import now_ns
 from broker.config import QueueConfig
 from broker.core import CoreError
-from broker.effects import Effects
+from broker.engine import QueueView
 from broker.grouping import group_key
-from broker.queue import Queue
-from broker.sending import Outgoing, Sent, route_once
+from broker.message import Outgoing
+from broker.unit import Placement, Unit
 from cluster.bridge import SF_PREFIX
-from cluster.local import LocalNode
-from cluster.node import ClusterNode
+from cluster.local import LocalEngine
+from cluster.member import ClusterMember
 from cluster.topology import Instance
 from handler.api import Binding, DecisionTimeout, GroupingHandler, HandlerUnavailable
 from handler.bindings import BindingStoreError
@@ -67,35 +67,34 @@ class ClusteredSendPath:
     """The send path of a clustered node; both client shells call it through the seam."""
 
     def __init__(
-        self, node: LocalNode, cluster: ClusterNode, handler: GroupingHandler | None
+        self, engine: LocalEngine, cluster: ClusterMember, handler: GroupingHandler | None
     ) -> None:
-        self.node = node
+        self.engine = engine
         self.cluster = cluster
         self.handler = handler
-        self.core = node.core
-        self.config = node.config
-        self.node_id = node.config.node.id
+        self.config = engine.config
+        self.node_id = engine.config.node.id
 
     # ---- sending ----------------------------------------------------------------------------
 
-    def send_now(self, batch: Sequence[Outgoing], now_ns: int) -> Sent | None:
+    def send_now(self, batch: Sequence[Outgoing], unit: Unit, now_ns: int) -> list[int] | None:
         """Route the batch now; None (nothing done) when a grouping decision must be awaited.
 
         Raises CoreError (nothing done) when a message cannot be routed at all. Duplicates
-        (`_AMQ_DUPL_ID`) are dropped here, on the node the client sent to (`route_once`).
+        (`_AMQ_DUPL_ID`) are dropped first, on the node the client sent to (`Unit.route`).
         """
 
-        def route(fresh: Sequence[Outgoing]) -> Sent | None:
-            plan = self._plan(fresh, None)
-            return None if plan is None else self._commit(fresh, plan, now_ns, {})
+        def plan(fresh: Sequence[Outgoing]) -> list[list[Placement] | None] | None:
+            targets = self._plan(fresh, None)
+            return None if targets is None else self._placements(fresh, targets, {})
 
-        return route_once(self.core, batch, route)
+        return unit.route(batch, plan, now_ns)
 
-    async def send(self, batch: Sequence[Outgoing]) -> Sent:
+    async def send(self, batch: Sequence[Outgoing], unit: Unit) -> list[int]:
         """Await the batch's missing decisions (concurrently), then route all of it.
 
         Duplicates are screened out before each plan, so none waits for a decision; the plan
-        that is complete is committed with no await after its screening. A plan takes every
+        that is complete is routed with no await after its screening. A plan takes every
         binding from the handler as it is then (`cached`), not from the decisions awaited: one
         removed meanwhile (this node already told, `on_removed`) is decided again.
         """
@@ -103,13 +102,15 @@ class ClusteredSendPath:
         while True:
             missing: dict[Key, str] = {}
 
-            def route(fresh: Sequence[Outgoing], missing: dict[Key, str] = missing) -> Sent | None:
-                plan = self._plan(fresh, missing)
-                return None if plan is None else self._commit(fresh, plan, now_ns(), took)
+            def plan(
+                fresh: Sequence[Outgoing], missing: dict[Key, str] = missing
+            ) -> list[list[Placement] | None] | None:
+                targets = self._plan(fresh, missing)
+                return None if targets is None else self._placements(fresh, targets, took)
 
-            sent = route_once(self.core, batch, route)
-            if sent is not None:
-                return sent
+            ids = unit.route(batch, plan, now_ns())
+            if ids is not None:
+                return ids
             took.update(await self._decide(missing))
 
     def _plan(
@@ -124,7 +125,7 @@ class ClusteredSendPath:
         that cannot be routed, before anything was enqueued.
         """
         cluster = self.cluster
-        core = self.core
+        engine = self.engine
         handler = self.handler
         grouping = self.config.grouping_handler
         covers = cluster.config.covers
@@ -136,7 +137,7 @@ class ClusteredSendPath:
             address = m.address
             if not covers(address) or address.startswith(SF_PREFIX):
                 if address not in checked:
-                    core.check_address(address)
+                    engine.check_address(address)
                     checked.add(address)
                 plan.append(None)
                 continue
@@ -161,20 +162,20 @@ class ClusteredSendPath:
                         continue
                     node = None if binding.node == me else binding.node
                 if node is None and address not in checked:
-                    core.check_address(address)  # enqueued here: may it be (auto-created)?
+                    engine.check_address(address)  # enqueued here: may it be (auto-created)?
                     checked.add(address)
                 targets.append((queue, node, binding))
             plan.append(targets)
         return None if missing else plan
 
-    def _queues(self, cluster: ClusterNode, address: str) -> list[tuple[str, QueueConfig]]:
+    def _queues(self, cluster: ClusterMember, address: str) -> list[tuple[str, QueueConfig]]:
         """The queues a message to a clustered `address` goes to, with the settings that key it.
 
         Multicast: every queue of the address known in the cluster. Anycast: the address's one
         queue (the local one if it exists, else the one other nodes have, else the address
         name, auto-created); each queue name keys its groups the same way on every node.
         """
-        local = {q.name: q.settings for q in self.core.queues_of(address)}
+        local = {q.name: q.settings for q in self.engine.queues_of(address)}
         remote = {
             i.queue for i in cluster.topology.instances(address, include_down=True) if not i.local
         }
@@ -195,50 +196,30 @@ class ClusteredSendPath:
             queues.append((name, settings))
         return queues
 
-    def _commit(
-        self,
-        batch: Sequence[Outgoing],
-        plan: list[list[Target] | None],
-        now: int,
-        took: dict[Key, int],
-    ) -> Sent:
-        """Enqueue every message as planned; `took`: decisions awaited for this batch (ns).
+    def _placements(
+        self, batch: Sequence[Outgoing], plan: list[list[Target] | None], took: dict[Key, int]
+    ) -> list[list[Placement] | None]:
+        """Where each message goes, as planned; `took`: decisions awaited for this batch (ns).
 
         A decision's time goes with the first message routed by it (the group's first here).
         """
-        cluster = self.cluster
-        core = self.core
-        audit = self.node.audit
+        forwarding = self.cluster.forwarding
         me = self.node_id
-        ids: list[int] = []
-        total = Effects()
+        out: list[list[Placement] | None] = []
         for m, targets in zip(batch, plan, strict=True):
             if targets is None:
-                msg_id, fx = core.send(m.address, m.body, m.headers, m.persistent, now)
-                ids.append(msg_id)
-                total.merge(fx)
+                out.append(None)
                 continue
-            first: int | None = None
+            places: list[Placement] = []
             for queue, node, binding in targets:
-                if node is None:
-                    copy_id, fx = core.deliver_to(
-                        queue, m.address, m.body, m.headers, m.persistent, now
-                    )
-                else:
-                    fx = cluster.forward(
-                        node, queue, m.address, m.body, m.headers, m.persistent, now
-                    )
-                    copy_id = fx.added[-1].msg_id
-                if audit is not None:
-                    decision = took.pop(binding.key, None) if took and binding else None
-                    audit.routed(
-                        copy_id, m.address, m.headers, queue, node or me, binding, decision
-                    )
-                if first is None:
-                    first = copy_id
-                total.merge(fx)
-            ids.append(first or 0)
-        return ids, total
+                p = Placement(queue, m) if node is None else forwarding(node, queue, m)
+                p.target = (queue, node or me)
+                p.binding = binding
+                if took and binding is not None:
+                    p.decision_ns = took.pop(binding.key, None)
+                places.append(p)
+            out.append(places)
+        return out
 
     async def _decide(self, missing: dict[Key, str]) -> dict[Key, int]:
         """Every missing decision, concurrently; how long each took (ns).
@@ -284,11 +265,11 @@ class ClusteredSendPath:
 
     def redistribute_all(self) -> None:
         """`redistribute` every clustered queue (after a topology change, and now and then)."""
-        for queue in self.core.queues():
+        for queue in self.engine.queues():
             if queue.ungrouped_pending and not queue.consumer_count:
                 self.redistribute(queue)
 
-    def redistribute(self, queue: Queue) -> None:
+    def redistribute(self, queue: QueueView) -> None:
         """ON_DEMAND: a queue without consumers hands its pending ungrouped messages to the
         instances of the same queue that have consumers, through their SF queues.
 
@@ -312,16 +293,12 @@ class ClusteredSendPath:
         ]
         if not busy:
             return
-        now = now_ns()
-        taken, fx = self.core.take_ungrouped(queue.name)
         moved: dict[str, int] = {}
-        for m in taken:
-            node = _node(cluster.choose(queue.address, queue.name)) or busy[0].node
-            fx.merge(
-                cluster.forward(node, queue.name, m.address, m.body, m.headers, m.persistent, now)
-            )
-            moved[node] = moved.get(node, 0) + 1
-        self.node.apply(fx)
+        with self.engine.unit() as unit:
+            for m in unit.take_ungrouped(queue.name):
+                node = _node(cluster.choose(queue.address, queue.name)) or busy[0].node
+                unit.place(cluster.forwarding(node, queue.name, m.outgoing()))
+                moved[node] = moved.get(node, 0) + 1
         log.info("ungrouped messages redistributed", queue=queue.name, to=moved)
 
 

@@ -20,7 +20,7 @@ from pinmq_pb import cluster_pb2_grpc as pb_grpc
 
 
 class ServiceHost(GossipHost, GroupsHost, Protocol):
-    """What the service needs of the cluster node that hosts it (`cluster/node.py`)."""
+    """What the service needs of the cluster member that hosts it (`cluster/member.py`)."""
 
     receiver: ForwardReceiver
     topology: Topology

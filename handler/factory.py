@@ -12,7 +12,7 @@ from handler.local import LocalHandler
 from handler.remote import RemoteHandler
 from handler.service import GroupingServicer
 
-# Registers a service on the cluster's gRPC server: `cluster.node.ClusterNode.add_servicer`
+# Registers a service on the cluster's gRPC server: `cluster.member.ClusterMember.add_servicer`
 Host = Callable[[Callable[[aio.Server], None]], None]
 
 

@@ -96,6 +96,7 @@ class LocalHandler(GroupingHandler):
         self._pending: dict[Key, asyncio.Future[None]] = {}  # key -> write of its new binding
         self._subscribers: set[Subscriber] = set()
         self._reaper: asyncio.Task[None] | None = None
+        self.reaper_runs = 0  # reaper passes so far: how long it has watched, as a count
         self._wake: asyncio.Event | None = None
         self._reported: set[tuple[str, str]] = set()  # instances of the last snapshot
 
@@ -278,6 +279,7 @@ class LocalHandler(GroupingHandler):
                 self._removed(self.arbiter.expire_absent(now), RemovalReason.INSTANCE_ABSENT)
                 if now >= next_reap:
                     self._removed(self.arbiter.reap(now), RemovalReason.REAPED)
+                    self.reaper_runs += 1
                     next_reap = now + period
             except asyncio.CancelledError:
                 raise

@@ -1,8 +1,9 @@
-"""The client-facing gRPC shell: translates `pinmq.client.v1` calls to core calls and back.
+"""The client-facing gRPC shell: the server, and the Broker service (send and consume).
 
-Handlers validate, call the core synchronously, hand the Effects to the node and await only the
-store write that confirms the request. Consumer streams are written by one task per consumer
-that packs everything queued for it into as few messages as possible.
+Handlers validate, run the engine's commands in a unit and await only the store write that
+confirms the request. Consumer streams are written by one task per consumer that packs
+everything queued for it into as few messages as possible. The Admin service is
+`pinmq/grpc_admin.py`; how a refused call ends, `pinmq/grpc_status.py`.
 """
 
 from __future__ import annotations
@@ -11,24 +12,26 @@ import asyncio
 import itertools
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from typing import Any, NoReturn
+from typing import Any
 
 import grpc
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from pydantic import ValidationError
 
 from broker import channels, logs
 from broker.admin import ClusterAdmin
 from broker.clock import now_ns
-from broker.config import QueueConfig
 from broker.core import CoreError
 from broker.effects import Delivery
-from broker.engine import ConsumerStream, Engine, NotServing, Receipt
-from broker.sending import Outgoing, SendPath
+from broker.engine import Engine, NotServing
+from broker.message import Outgoing
+from broker.sending import SendPath
 from broker.store import StoreError
+from broker.streams import ConsumerStream, Receipt
 from broker.validation import InvalidInput, check_headers, check_size
+from pinmq.grpc_admin import AdminService
 from pinmq.grpc_decode import refuse_undecodable, register
+from pinmq.grpc_status import Refused, abort, gone, refuse, status_of
 from pinmq_pb import client_pb2 as pb
 from pinmq_pb import client_pb2_grpc as pb_grpc
 
@@ -36,50 +39,9 @@ log = logs.get("grpc")
 
 PACK_BYTES = 1 << 20  # a Deliveries message is cut after this many body bytes
 FRAME_SLACK = 1 << 20  # gRPC receive limit = max-message-size + this (batches, headers)
-_NULLABLE = frozenset(("group_first_key", "default_group", "dead_letter_address"))
-_SETTINGS_FIELDS = tuple(f.name for f in pb.QueueSettings.DESCRIPTOR.fields)
 _SERVICES = ("pinmq.client.v1.Broker", "pinmq.client.v1.Admin")
-NODE_REFUSED = ("pinmq-refused", "1")  # trailing metadata: the node itself refused the call
 OWED_RECEIPTS_S = 2.0  # how long an ending consume stream waits to send the receipts it owes
-
-
-class _Refused(Exception):
-    """A request refused before it reached the core."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def _status(err: CoreError) -> grpc.StatusCode:
-    return grpc.StatusCode[err.code.upper()]
-
-
-async def _refuse(context: aio.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
-    """End the call with the node's refusal. Its metadata lets a client tell a refusal, even
-    an UNAVAILABLE one (no grouping decision, a failed store write), from a lost connection."""
-    await context.abort(code, message, trailing_metadata=(NODE_REFUSED,))
-
-
-async def _abort(context: aio.ServicerContext, err: Exception) -> NoReturn:
-    """End the call with the status that `err` stands for; unexpected errors propagate."""
-    if isinstance(err, _Refused):
-        await _refuse(context, err.code, str(err))
-    if isinstance(err, CoreError):
-        await _refuse(context, _status(err), str(err))
-    if isinstance(err, StoreError):
-        await _refuse(context, grpc.StatusCode.UNAVAILABLE, f"store write failed: {err}")
-    if isinstance(err, MemoryError):
-        await _refuse(context, grpc.StatusCode.RESOURCE_EXHAUSTED, "the node is out of memory")
-    if isinstance(err, NotServing):
-        await _gone(context, err)
-    raise err
-
-
-async def _gone(context: aio.ServicerContext, err: NotServing) -> NoReturn:
-    """An ha pair process that stopped holding its node: not a refusal (no metadata), so a
-    client with the pair's other address goes there, sending again what was not confirmed."""
-    await context.abort(grpc.StatusCode.UNAVAILABLE, f"{err}: its pair's other process serves")
+_SETTLES = frozenset(("ack", "release", "reject"))
 
 
 def make_server(
@@ -128,12 +90,12 @@ class BrokerService(pb_grpc.BrokerServicer):
         for i, (m, out) in enumerate(zip(messages, batch, strict=True)):
             which = f"message {i} of the batch" if len(messages) > 1 else "message"
             if not m.address:
-                raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{which}: empty address")
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{which}: empty address")
             try:
                 check_size(out.body, out.headers, self.max_size)
                 check_headers(out.headers, stomp.max_headers, stomp.max_header_size)
             except InvalidInput as err:
-                raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{which}: {err}") from None
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{which}: {err}") from None
 
     async def _send(
         self, messages: Iterable[pb.Message], blocked: Callable[[], None] | None = None
@@ -146,7 +108,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         """
         messages = list(messages)
         if len(messages) > self.max_batch:
-            raise _Refused(
+            raise Refused(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"a batch of {len(messages)} messages: more than limits.max-batch-messages "
                 f"({self.max_batch}); send it as several batches",
@@ -159,11 +121,11 @@ class BrokerService(pb_grpc.BrokerServicer):
                 blocked()
             await wait
         sender = self.sending
-        sent = sender.send_now(batch, now_ns())
-        if sent is None:
-            sent = await sender.send(batch)
-        ids, fx = sent
-        return ids, self.engine.apply(fx)
+        with self.engine.unit() as unit:  # empty while `send` awaits its decisions
+            ids = sender.send_now(batch, unit, now_ns())
+            if ids is None:
+                ids = await sender.send(batch, unit)
+        return ids, unit.write
 
     async def Send(self, request: pb.SendRequest, context: aio.ServicerContext) -> pb.SendResponse:
         try:
@@ -171,7 +133,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             if write is not None:
                 await write
         except Exception as err:
-            await _abort(context, err)
+            await abort(context, err)
         return pb.SendResponse(msg_id=ids[0])
 
     async def SendBatch(
@@ -182,7 +144,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             if write is not None:
                 await write
         except Exception as err:
-            await _abort(context, err)
+            await abort(context, err)
         return pb.SendBatchResponse(msg_ids=ids)
 
     async def SendStream(
@@ -212,8 +174,8 @@ class BrokerService(pb_grpc.BrokerServicer):
                     except NotServing as err:
                         results.put_nowait(err)
                         return
-                    except (_Refused, CoreError) as err:
-                        code = err.code if isinstance(err, _Refused) else _status(err)
+                    except (Refused, CoreError) as err:
+                        code = err.code if isinstance(err, Refused) else status_of(err)
                         results.put_nowait(
                             pb.SendResult(batch=n, error_code=code.name, error_message=str(err))
                         )
@@ -227,13 +189,13 @@ class BrokerService(pb_grpc.BrokerServicer):
                     yield item
                     continue
                 if isinstance(item, NotServing):
-                    await _gone(context, item)
+                    await gone(context, item)
                 n, ids, write = item
                 try:
                     if write is not None:
                         await write
                 except NotServing as err:
-                    await _gone(context, err)
+                    await gone(context, err)
                 except StoreError as err:
                     yield pb.SendResult(batch=n, error_code="UNAVAILABLE", error_message=str(err))
                     continue
@@ -245,33 +207,30 @@ class BrokerService(pb_grpc.BrokerServicer):
     async def Consume(
         self, request_iterator: AsyncIterator[pb.ConsumeRequest], context: aio.ServicerContext
     ) -> None:
-        engine, core = self.engine, self.engine.core
+        engine = self.engine
         first = await context.read()
         await refuse_undecodable(first, context)
         if first is aio.EOF:
             return
         if first.WhichOneof("kind") != "subscribe":
-            await _refuse(
+            await refuse(
                 context, grpc.StatusCode.INVALID_ARGUMENT, "the first message must be a Subscribe"
             )
         sub = first.subscribe
         if sub.prefetch <= 0:
-            await _refuse(
+            await refuse(
                 context,
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"prefetch must be > 0, got {sub.prefetch}",
             )
         consumer_id = f"c-{uuid.uuid4().hex[:12]}"
         try:
-            fx = core.subscribe(sub.queue, consumer_id, sub.consumer_name, sub.prefetch, now_ns())
+            with engine.unit() as unit:
+                stream = unit.subscribe(sub.queue, consumer_id, sub.consumer_name, sub.prefetch)
         except CoreError as err:
-            await _abort(context, err)
-        stream = ConsumerStream(consumer_id, sub.queue)
-        engine.streams[consumer_id] = stream
+            await abort(context, err)
         tasks: list[asyncio.Task[Any]] = []
         try:
-            engine.apply(fx)
-            engine.consumers_changed(sub.queue)
             await context.write(
                 pb.ConsumeResponse(subscribed=pb.Subscribed(consumer_id=consumer_id))
             )
@@ -284,30 +243,27 @@ class BrokerService(pb_grpc.BrokerServicer):
                 tasks[0].cancel()  # no new settles; those already taken get their receipts
                 await _owed_receipts_sent(stream, tasks[1])
                 code, reason = stream.ended.result()
-                await _refuse(context, grpc.StatusCode[code], reason)
+                await refuse(context, grpc.StatusCode[code], reason)
             for task in tasks:
                 if task.done() and task.exception() is not None:
-                    await _abort(context, task.exception())  # type: ignore[arg-type]
+                    await abort(context, task.exception())  # type: ignore[arg-type]
         finally:
             for task in tasks:
                 task.cancel()
-            del engine.streams[consumer_id]
-            engine.apply(core.close_consumer(sub.queue, consumer_id, now_ns()))
-            engine.consumers_changed(sub.queue)
+            with engine.unit() as unit:
+                unit.unsubscribe(stream)
 
     async def _settle_loop(self, context: aio.ServicerContext, stream: ConsumerStream) -> None:
         """Reads settles until the client half-closes; a refused settle ends the stream."""
-        engine, core = self.engine, self.engine.core
-        ops = {"ack": core.ack, "release": core.release, "reject": core.reject}
+        engine = self.engine
         while (request := await context.read()) is not aio.EOF:
             await refuse_undecodable(request, context)
             kind = request.WhichOneof("kind")
-            if kind not in ops:
-                raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"unexpected {kind} message")
+            if kind not in _SETTLES:
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"unexpected {kind} message")
             settle = getattr(request, kind)
-            ids = list(settle.delivery_ids)
-            fx = ops[kind](stream.queue, stream.consumer_id, ids, now_ns())
-            engine.apply(fx, (stream, Receipt(ids)) if settle.want_receipt else None)
+            with engine.unit() as unit:
+                unit.settle(stream, kind, settle.delivery_ids, settle.want_receipt)
 
     async def _write_loop(self, context: aio.ServicerContext, stream: ConsumerStream) -> None:
         """Drains the outbound queue: all deliveries ready at once go out in one message."""
@@ -317,11 +273,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             stream.writing = True
             while not outbound.empty():
                 items.append(outbound.get_nowait())
-            try:
-                first_key = self.engine.core.queue(stream.queue).settings.group_first_key
-            except CoreError:
-                return
-            responses, unsendable = _pack(items, first_key)
+            responses, unsendable = _pack(items, stream.first_key)
             for response in responses:
                 await context.write(response)
             stream.writing = False
@@ -341,9 +293,8 @@ class BrokerService(pb_grpc.BrokerServicer):
                 consumer=stream.consumer_id,
                 error=error,
             )
-        ids = [d.delivery_id for d, _ in unsendable]
-        engine = self.engine
-        engine.apply(engine.core.reject(stream.queue, stream.consumer_id, ids, now_ns()))
+        with self.engine.unit() as unit:
+            unit.settle(stream, "reject", [d.delivery_id for d, _ in unsendable])
 
 
 async def _owed_receipts_sent(stream: ConsumerStream, writer: asyncio.Task[None]) -> None:
@@ -405,197 +356,3 @@ def _pack(
 def _dict(headers: Mapping[str, str]) -> dict[str, str]:
     """A protobuf map as a dict (several times faster than dict(map))."""
     return {k: headers[k] for k in headers}
-
-
-# ---- administration ---------------------------------------------------------------------------
-
-
-class AdminService(pb_grpc.AdminServicer):
-    def __init__(self, engine: Engine, admin: ClusterAdmin | None) -> None:
-        self.engine = engine
-        self.admin = admin
-
-    async def CreateQueue(
-        self, request: pb.CreateQueueRequest, context: aio.ServicerContext
-    ) -> pb.CreateQueueResponse:
-        if not request.queue or not request.address:
-            await _refuse(
-                context, grpc.StatusCode.INVALID_ARGUMENT, "address and queue must not be empty"
-            )
-        base = self.engine.config.queue_config_for(request.address).model_dump()
-        try:
-            settings = QueueConfig.model_validate({**base, **_settings_values(request.settings)})
-        except ValidationError as err:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']).replace('_', '-')}: {e['msg']}"
-                for e in err.errors()
-            )
-            await _refuse(
-                context, grpc.StatusCode.INVALID_ARGUMENT, f"invalid settings: {problems}"
-            )
-        try:
-            await self.engine.create_queue(request.address, request.queue, settings)
-        except Exception as err:
-            await _abort(context, err)
-        return pb.CreateQueueResponse()
-
-    async def DeleteQueue(
-        self, request: pb.DeleteQueueRequest, context: aio.ServicerContext
-    ) -> pb.DeleteQueueResponse:
-        try:
-            removed = await self.engine.delete_queue(request.queue)
-        except Exception as err:
-            await _abort(context, err)
-        return pb.DeleteQueueResponse(removed_messages=removed)
-
-    async def ListQueues(
-        self, request: pb.ListQueuesRequest, context: aio.ServicerContext
-    ) -> pb.ListQueuesResponse:
-        return pb.ListQueuesResponse(
-            queues=[
-                pb.QueueInfo(
-                    name=q.name,
-                    address=q.address,
-                    depth=q.depth,
-                    consumer_count=q.consumer_count,
-                    settings=_settings_pb(q.settings),
-                )
-                for q in self.engine.core.queues()
-            ]
-        )
-
-    async def ListGroups(
-        self, request: pb.ListGroupsRequest, context: aio.ServicerContext
-    ) -> pb.ListGroupsResponse:
-        try:
-            queue = self.engine.core.queue(request.queue)
-        except CoreError as err:
-            await _abort(context, err)
-        groups = queue.groups()
-        return pb.ListGroupsResponse(
-            consumers=[
-                pb.ConsumerInfo(
-                    consumer_id=c.consumer_id,
-                    name=c.name,
-                    prefetch=c.prefetch,
-                    unacked=c.unacked,
-                    groups=c.groups,
-                    stalled_ms=c.stalled_ms,
-                )
-                for c in queue.consumers(now_ns())
-            ],
-            groups=[
-                pb.GroupInfo(
-                    group=g.group,
-                    owner_consumer_id=g.owner or "",
-                    owner_name=g.owner_name or "",
-                    pending=g.pending,
-                    outstanding=g.outstanding,
-                    last_use_unix_ms=g.last_use_ns // 1_000_000,
-                )
-                for g in groups
-            ],
-        )
-
-    async def ResetGroups(
-        self, request: pb.ResetGroupsRequest, context: aio.ServicerContext
-    ) -> pb.ResetGroupsResponse:
-        group = request.group if request.HasField("group") else None
-        try:
-            write = self.engine.apply(self.engine.core.reset_groups(request.queue, group, now_ns()))
-            if write is not None:
-                await write
-        except Exception as err:
-            await _abort(context, err)
-        return pb.ResetGroupsResponse()
-
-    # ---- the cluster ----
-
-    async def _clustered(self, context: aio.ServicerContext) -> ClusterAdmin:
-        if self.admin is None:
-            await _refuse(
-                context,
-                grpc.StatusCode.FAILED_PRECONDITION,
-                "this node is not clustered (no cluster section)",
-            )
-        return self.admin  # type: ignore[return-value]
-
-    async def ClusterGroups(
-        self, request: pb.ClusterGroupsRequest, context: aio.ServicerContext
-    ) -> pb.ClusterGroupsResponse:
-        admin = await self._clustered(context)
-        groups, unreachable = await admin.groups(request.queue or None, request.group or None)
-        return pb.ClusterGroupsResponse(
-            groups=[
-                pb.ClusterGroupInfo(
-                    group=g.group,
-                    queue=g.queue,
-                    node=g.node,
-                    bound=g.bound,
-                    owner_consumer_id=g.owner or "",
-                    owner_name=g.owner_name or "",
-                    pending=g.pending,
-                    outstanding=g.outstanding,
-                    last_use_unix_ms=g.last_use_unix_ms,
-                )
-                for g in groups
-            ],
-            unreachable=unreachable,
-            problems=admin.problems(),
-        )
-
-    async def ClusterResetGroup(
-        self, request: pb.ClusterResetGroupRequest, context: aio.ServicerContext
-    ) -> pb.ClusterResetGroupResponse:
-        admin = await self._clustered(context)
-        queue = request.queue if request.HasField("queue") else None
-        try:
-            removed = await admin.reset_group(request.group, queue, request.force)
-        except CoreError as err:
-            await _abort(context, err)
-        return pb.ClusterResetGroupResponse(removed=removed)
-
-    async def ClusterStatus(
-        self, request: pb.ClusterStatusRequest, context: aio.ServicerContext
-    ) -> pb.ClusterStatusResponse:
-        admin = await self._clustered(context)
-        return pb.ClusterStatusResponse(
-            node_id=admin.node_id,
-            nodes=[
-                pb.ClusterNodeStatus(
-                    node_id=n.node_id,
-                    connected=n.connected,
-                    handler=n.handler,
-                    consumers=n.consumers,
-                )
-                for n in admin.status()
-            ],
-            problems=admin.problems(),
-            ha=[
-                pb.HaPairStatus(
-                    logical=p.logical,
-                    epoch=p.epoch,
-                    active=p.active,
-                    backup=p.backup,
-                    backup_in_sync=p.backup_in_sync,
-                    from_active=p.from_active,
-                )
-                for p in admin.ha()
-            ],
-        )
-
-
-def _settings_values(settings: pb.QueueSettings) -> dict[str, Any]:
-    values: dict[str, Any] = {}
-    for name in _SETTINGS_FIELDS:
-        if settings.HasField(name):
-            value = getattr(settings, name)
-            values[name] = None if name in _NULLABLE and value == "" else value
-    return values
-
-
-def _settings_pb(settings: QueueConfig) -> pb.QueueSettings:
-    values = {name: getattr(settings, name) for name in _SETTINGS_FIELDS}
-    return pb.QueueSettings(
-        **{k: ("" if v is None and k in _NULLABLE else v) for k, v in values.items()}
-    )

@@ -19,7 +19,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
 from rich.table import Table
 
-from broker.config import NodeConfig, load_config
+from broker.config import NodeConfig
+from broker.config_file import load_config
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0

@@ -18,7 +18,7 @@ from grpc import aio
 from grpc_health.v1 import health, health_pb2
 
 from broker import logs
-from broker.clock import now_ns
+from broker.audit_schema import Kind
 from broker.config import NodeConfig
 from broker.core import CoreError
 from broker.engine import Engine, StartupError
@@ -27,7 +27,7 @@ from broker.sending import LocalSendPath, SendPath
 from cluster.admin import ClusterAdministration
 from cluster.claims import GroupClaims
 from cluster.ha import PairShell, grace_s
-from cluster.node import ClusterNode
+from cluster.member import ClusterMember
 from cluster.replication import Replicator
 from cluster.sending import ClusteredSendPath
 from cluster.topology import Topology
@@ -46,25 +46,31 @@ log = logs.get("node")
 class _ClusterObserver:
     """Tells the cluster (and the grouping handler) what changed in the engine."""
 
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(
+        self,
+        engine: Engine,
+        cluster: ClusterMember,
+        sending: ClusteredSendPath,
+        handler: GroupingHandler | None,
+    ) -> None:
+        self.engine = engine
+        self.cluster = cluster
+        self.sending = sending
+        self.handler = handler
 
     def queues_changed(self) -> None:
-        assert self.node.cluster is not None
-        self.node.cluster.local_changed()
+        self.cluster.local_changed()
 
     def consumers_changed(self, queue: str) -> None:
         """A consumer subscribed or left: announce it; maybe redistribute ungrouped messages."""
-        node = self.node
-        assert node.cluster is not None and isinstance(node.sending, ClusteredSendPath)
-        node.cluster.local_changed()
+        self.cluster.local_changed()
         with contextlib.suppress(CoreError):  # the queue was deleted meanwhile
-            node.sending.redistribute(node.engine.core.queue(queue))
+            self.sending.redistribute(self.engine.queue(queue))
 
     def queue_deleted(self, queue: str) -> None:
         """Bindings to a deleted queue are removed cluster-wide: its groups are proposed again."""
-        if self.node.handler is not None:
-            self.node.handler.instance_deleted(queue, self.node.config.node.id)
+        if self.handler is not None:
+            self.handler.instance_deleted(queue, self.cluster.node_id)
 
 
 class Node:
@@ -73,13 +79,11 @@ class Node:
     def __init__(self, config: NodeConfig, pair: PairShell | None = None) -> None:
         self.config = config
         self.pair = pair  # ha: the failover shell of the pair process this node serves for
-        self.engine = engine = Engine(config)
-        if pair is not None:  # a process that lost its quorum carries out and records nothing
-            engine.serving = pair.may_serve
-            if engine.audit is not None:
-                engine.audit.holding = pair.may_serve
-        self.sending: SendPath = LocalSendPath(engine.core)
-        self.cluster: ClusterNode | None = None  # set by start() when `cluster` is configured
+        # A pair process that lost its quorum carries out and records nothing.
+        self.engine = Engine(config, pair.may_serve if pair is not None else None)
+        self.sending: SendPath = LocalSendPath()
+        self.clustered: ClusteredSendPath | None = None  # the send path, when clustered
+        self.cluster: ClusterMember | None = None  # set by start() when `cluster` is configured
         self.handler: GroupingHandler | None = None  # set with the cluster, if configured
         self.claims: GroupClaims | None = None  # with a grouping handler
         self.problems: list[str] = []  # cluster misconfigurations, as last seen
@@ -128,9 +132,10 @@ class Node:
         await self._stomp.accept()
         await mark_serving(self._health)
         self._serving = True
-        if self.cluster is not None:
+        if self.clustered is not None:
             await self._set_cluster_health()
-            self._tasks.append(asyncio.create_task(self._redistribute_loop(), name="redistribute"))
+            redistributing = self._redistribute_loop(self.clustered)
+            self._tasks.append(asyncio.create_task(redistributing, name="redistribute"))
         engine.start()
         log.info(
             "node started",
@@ -138,7 +143,7 @@ class Node:
             stomp=self.config.listen.stomp,
             http=self.config.listen.http,
             store=str(engine.store_path),
-            queues=len(engine.core.queues()),
+            queues=len(engine.queues()),
             messages=messages,
             orphans=orphans,
         )
@@ -172,19 +177,19 @@ class Node:
     def _build_cluster(self) -> None:
         """Cluster connections (cluster/), the grouping handler (handler/), the send path."""
         engine = self.engine
-        self.cluster = cluster = ClusterNode(engine)
+        self.cluster = cluster = ClusterMember(engine)
         cluster.pair = self.pair
         epoch = self.pair.epoch if self.pair is not None else 1  # fixed while it serves
         self.handler = make_handler(
             self.config, cluster.locate_local_handler, cluster.add_servicer, epoch
         )
-        self.sending = ClusteredSendPath(engine, cluster, self.handler)
+        self.sending = self.clustered = ClusteredSendPath(engine, cluster, self.handler)
         grouping = self.config.grouping_handler
         if self.handler is not None and grouping is not None:
             self.claims = GroupClaims(engine, cluster, self.handler, grouping)
             cluster.admission = self.claims
             self.claims.hold_restored()  # before any consumer can subscribe
-        engine.observers.append(_ClusterObserver(self))
+        engine.observers.append(_ClusterObserver(engine, cluster, self.clustered, self.handler))
 
     async def _start_cluster(self) -> None:
         """The handler starts first, so its gRPC service answers as soon as listen.cluster does."""
@@ -213,7 +218,7 @@ class Node:
             await self.stop(0)
             raise StartupError(str(err)) from None
 
-    def _replicate(self, cluster: ClusterNode, handler: GroupingHandler) -> None:
+    def _replicate(self, cluster: ClusterMember, handler: GroupingHandler) -> None:
         """ha, the active process: every write of the store and the bindings goes to the
         backup too, and only while this process holds the node (`PairShell` is the gate)."""
         ha, pair, bindings = self.config.ha, self.pair, handler.bindings_store
@@ -222,11 +227,10 @@ class Node:
         sources = {"store": self.engine.store, "bindings": bindings}
         cluster.replicator = Replicator(self.config.node.id, sources, ha.failure_timeout, pair)
 
-    async def _redistribute_loop(self) -> None:
-        assert isinstance(self.sending, ClusteredSendPath)
+    async def _redistribute_loop(self, clustered: ClusteredSendPath) -> None:
         while True:
             await asyncio.sleep(REDISTRIBUTE_S)
-            self.sending.redistribute_all()
+            clustered.redistribute_all()
 
     def _report_instances(self, topology: Topology) -> None:
         """Tell the LOCAL handler which instances exist; those of down nodes count as absent."""
@@ -242,18 +246,17 @@ class Node:
 
     def _binding_removed(self, binding: Binding, reason: RemovalReason) -> None:
         """A binding went away cluster-wide: the local queue unpins the group from its consumer."""
-        engine = self.engine
         try:
-            fx = engine.core.reset_groups(binding.queue, binding.group, now_ns())
+            with self.engine.unit() as unit:
+                unit.reset_groups(binding.queue, binding.group)
         except CoreError:
             return  # no such queue or group here
-        engine.apply(fx)
 
     def _audit_removal(self, binding: Binding, reason: RemovalReason) -> None:
         """The LOCAL node's record of a removed binding: the checker then accepts a new one."""
         assert self.engine.audit is not None
         self.engine.audit.record(
-            "unbound",
+            Kind.UNBOUND,
             epoch=binding.epoch,
             group=binding.group,
             queue=binding.queue,
@@ -268,8 +271,8 @@ class Node:
             self._log_problems()
             if self._health is not None:
                 self._health_update = asyncio.ensure_future(self._set_cluster_health())
-        assert isinstance(self.sending, ClusteredSendPath)
-        self.sending.redistribute_all()
+        if self.clustered is not None:
+            self.clustered.redistribute_all()
 
     def _log_problems(self) -> None:
         """Log cluster problems loudly when they change, once the start-up grace period is

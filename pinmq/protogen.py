@@ -2,8 +2,8 @@
 
 The protos are mapped onto the virtual path `pinmq_pb`, so the generated modules import each
 other package-qualified (`from pinmq_pb import client_pb2`) and never as a top-level `proto`.
-Run `python -m pinmq.protogen` (or `make proto`); `tests/test_proto_stubs.py` checks that the
-checked-in stubs match a fresh generation.
+Run `python -m pinmq.protogen` (or `make proto`); `tests/tooling/test_proto_stubs.py` checks
+that the checked-in stubs match a fresh generation.
 """
 
 from __future__ import annotations

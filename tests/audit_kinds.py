@@ -1,9 +1,9 @@
 """An audit history with every event kind, each carrying every field the schema lets it carry.
 
 Written by the real writers: node kinds from a real core's Effects and `AuditLog`'s own
-methods, client kinds by an auditing client against a real node. tests/test_audit.py checks
-it against the schema (`broker/audit_schema.py`), tests/test_pipeline.py through the checker's
-reader.
+methods, client kinds by an auditing client against a real node. tests/core/test_audit.py
+checks it against the schema (`broker/audit_schema.py`), tests/pipeline/test_pipeline.py
+through the checker's reader.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from conftest import unique
 from broker.audit import AuditLog, read_events, segments
 from broker.audit_schema import CLIENT_KINDS, FIELDS, MID_HEADER, SEGMENT_RE, Kind
 from broker.client import Client
-from broker.config import QueueConfig, parse_config
+from broker.config import QueueConfig
+from broker.config_file import parse_config
 from broker.core import BrokerCore
 from broker.effects import Effects
-from broker.message import GROUP_ID_HEADER, GROUP_SEQ_HEADER
+from broker.message import GROUP_ID_HEADER, GROUP_SEQ_HEADER, Outgoing
 from handler.api import Binding, RemovalReason
 
 # (kind, field) for every field each kind may carry: what the history below holds, exactly.
@@ -39,13 +40,13 @@ def write_node_kinds(directory: Path) -> None:
     with AuditLog(directory, "n1", flush_ms=10) as log:
         fx = Effects()
         for seq in (1, 2):
-            fx.merge(core.send("q", b"x", _grouped("g", seq), True, 1)[1])
+            fx.merge(core.send(Outgoing("q", b"x", _grouped("g", seq), True), 1)[1])
         fx.merge(core.subscribe("q", "c1", "worker", 10, 2))
         log.effects(fx)
         log.effects(core.ack("q", "c1", [1], 3))
         log.effects(core.release("q", "c1", [2], 4))  # redelivered at once
         log.effects(core.reject("q", "c1", [3], 5))  # its redelivery: dead-lettered
-        log.effects(core.send("held", b"x", _grouped("h", 3), True, 6)[1])
+        log.effects(core.send(Outgoing("held", b"x", _grouped("h", 3), True), 6)[1])
         core.hold_group("held", "h")
         taken, fx = core.take_group("held", "h")
         log.moved(taken, "held@n2")
@@ -103,3 +104,8 @@ def read_back_differences(rows: list[Any], directory: Path) -> list[str]:
         if row["source"] != source:
             out.append(f"{event['kind']}: read as a {row['source']} event")
     return out
+
+
+def events_in(directory: Path) -> list[dict[str, Any]]:
+    """Every event the audit segments in `directory` hold, file by file."""
+    return [e for path in segments(directory) for e in read_events(path)]

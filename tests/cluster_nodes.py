@@ -12,16 +12,18 @@ import asyncio
 import contextlib
 import signal
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 import yaml
 from conftest import NodeProcess
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ports import reserve_port
+from waiting import wait
 
 from broker.client import Client, Consumer, Received
 from pinmq.stomp.frames import Frame, FrameParser, encode_frame
@@ -143,21 +145,22 @@ class ClusterNodes:
             )
             return reply.status
 
-    def wait_until(self, check: Callable[[], bool], what: str) -> None:
-        """Poll `check` until it holds; a node not answering yet means "not yet", not failure."""
-        deadline = time.monotonic() + WAIT_S
-        while True:
+    def wait(self, what: str, check: Callable[[], bool]) -> None:
+        """`wait` for `check`; a node not answering yet means "not yet", not failure, and a
+        timeout shows the nodes' logs."""
+
+        def answered() -> bool:
             try:
-                if check():
-                    return
-                last = ""
+                return check()
             except grpc.RpcError as err:
                 if err.code() not in NOT_YET:
                     raise
-                last = f" (last answer: {err.code().name} {err.details()})"
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}{last}\n{self.logs()}")
-            time.sleep(0.03)
+                return False
+
+        try:
+            wait(what, answered)
+        except AssertionError as err:
+            raise AssertionError(f"{err}\n{self.logs()}") from None
 
     def wait_linked(self) -> None:
         """Every running node sees every other running node connected."""
@@ -170,7 +173,7 @@ class ClusterNodes:
                     return False
             return True
 
-        self.wait_until(linked, f"gossip between {running}")
+        self.wait(f"gossip between {running}", linked)
 
     def wait_consumers(self, queue: str, counts: Mapping[str, int]) -> None:
         """Every running node sees `queue@node` with these consumer counts (so routes use them)."""
@@ -183,7 +186,7 @@ class ClusterNodes:
                         return False
             return True
 
-        self.wait_until(seen, f"consumers {dict(counts)} of {queue} to be seen everywhere")
+        self.wait(f"consumers {dict(counts)} of {queue} to be seen everywhere", seen)
 
 
 # ---- consuming ----------------------------------------------------------------------------------
@@ -243,6 +246,35 @@ class Collector:
 
     def owners(self) -> dict[str | None, set[str]]:
         return {g: {label for label, _ in entries} for g, entries in self.per_group().items()}
+
+
+class Consuming:
+    """The collectors and clients a test opens, closed when it ends however it ends."""
+
+    def __init__(self) -> None:
+        self.collectors: list[Collector] = []
+        self.clients: list[Client] = []
+
+    def collector(self) -> Collector:
+        collector = Collector()
+        self.collectors.append(collector)
+        return collector
+
+    async def close(self) -> None:
+        for collector in self.collectors:
+            await collector.close()
+        for client in self.clients:
+            await client.close()
+
+
+@pytest.fixture
+async def consuming() -> AsyncIterator[Consuming]:
+    """`Consuming` for the test: its collectors and clients closed after it."""
+    scaffold = Consuming()
+    try:
+        yield scaffold
+    finally:
+        await scaffold.close()
 
 
 # ---- STOMP ------------------------------------------------------------------------------------
@@ -313,12 +345,3 @@ def in_order(collector: Collector, expected: dict[str, list[str]]) -> dict[str, 
         assert [b for _, b in got] == bodies, f"group {group} out of order or incomplete"
         owner[group] = labels.pop()
     return owner
-
-
-async def until(check, what: str) -> None:
-    """Poll an async check until it holds (bounded)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 20
-    while not await check():
-        assert loop.time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)

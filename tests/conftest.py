@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -26,12 +25,15 @@ import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ports import reserve_port
+from waiting import wait
 
 if TYPE_CHECKING:
     from broker.client import Client, Received
 
 START_TIMEOUT_S = 20.0
-pytest_plugins = ["stomp_helpers"]  # the STOMP test modules' fixtures (snode, admin, connect, raw)
+TESTS = Path(__file__).resolve().parent  # the test helpers; the tests are in folders by layer
+REPO = TESTS.parent
+pytest_plugins = ["stomp_helpers", "store_harness", "cluster_nodes", "spark_session"]  # fixtures
 
 # `make test` runs tests on several pytest-xdist workers, each test on its own, except the
 # modules named here: the tests of a group run on one worker, one after another, and groups are
@@ -181,21 +183,23 @@ class NodeProcess:
 
     def wait_serving(self) -> None:
         """Poll the standard gRPC health service until the node reports SERVING."""
-        assert self.proc is not None
-        deadline = time.monotonic() + START_TIMEOUT_S
+        proc = self.proc
+        assert proc is not None
         with grpc.insecure_channel(self.url) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"node exited with {self.proc.returncode}:\n{self.log()}")
-                try:
-                    reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                except grpc.RpcError:
-                    pass
-                time.sleep(0.05)
-        raise RuntimeError(f"node not serving after {START_TIMEOUT_S}s:\n{self.log()}")
+
+            def serving() -> bool:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"node exited with {proc.returncode}:\n{self.log()}")
+                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+            try:
+                wait("the node serving", serving, START_TIMEOUT_S, ignoring=(grpc.RpcError,))
+            except AssertionError:
+                raise RuntimeError(
+                    f"node not serving after {START_TIMEOUT_S}s:\n{self.log()}"
+                ) from None
 
     def wait_exit(self, timeout: float = 20.0) -> int:
         assert self.proc is not None

@@ -1,4 +1,4 @@
-"""Load for tests/test_crash.py, run as its own process so the test's bookkeeping survives.
+"""Load for tests/node/test_crash.py, run as its own process so the test's bookkeeping survives.
 
     python tests/crash_load.py URL QUEUE RECORD_FILE --groups 20 --seq-base 0
 

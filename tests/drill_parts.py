@@ -1,6 +1,6 @@
 """What every drill shares: consumers that ack as they go while holding a few deliveries out,
-and the verdict of `pinmq check` on the collected audit history (tests/test_drills.py on a
-three-node cluster, tests/test_ha.py on the LOCAL node's pair)."""
+and the verdict of `pinmq check` on the collected audit history (tests/drills/test_drills.py on a
+three-node cluster, tests/ha/test_ha.py on the LOCAL node's pair)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Audited grouped load for the ha drills (tests/test_ha.py) and its verdict by `pinmq check`.
+"""Audited grouped load for the ha drills (tests/ha/test_ha.py) and its verdict by `pinmq check`.
 
 A queue on node1 (the pair), node2 and node3. Consumers: a Python client with the pair's
 address list, a stomp.py connection with the pair's host list, and a Python client on each

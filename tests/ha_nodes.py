@@ -6,8 +6,6 @@ on timing.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,21 +14,12 @@ from conftest import NodeProcess, get
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ports import reserve_port
 from tcp_proxy import Proxy
+from waiting import wait
 
 from pinmq_pb import client_pb2, client_pb2_grpc
 
 PRIMARY, BACKUP = "node1", "node1-backup"
 WAIT_S = 30.0
-
-
-def wait(what: str, check: Callable[[], Any], timeout: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"not within {timeout} s: {what}")
 
 
 def serving(node: NodeProcess) -> bool:

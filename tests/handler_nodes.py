@@ -5,7 +5,6 @@ it), REMOTE handlers pointed at it, and bounded waits.
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -13,7 +12,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import pytest
 from grpc import aio
 
 from broker.config import GroupingHandlerSection
@@ -26,15 +24,6 @@ WAIT_S = 10.0
 
 def section(kind: str = "LOCAL", **settings: Any) -> GroupingHandlerSection:
     return GroupingHandlerSection(type=kind, **settings)
-
-
-async def wait_until(predicate: Callable[[], object], what: str) -> None:
-    """Poll until `predicate()` is true; fail after WAIT_S naming what never happened."""
-    deadline = asyncio.get_running_loop().time() + WAIT_S
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            pytest.fail(f"not within {WAIT_S}s: {what}")
-        await asyncio.sleep(0.01)
 
 
 class CallCounter(aio.ServerInterceptor):

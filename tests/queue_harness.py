@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.config import QueueConfig, parse_config
+from broker.config import QueueConfig
+from broker.config_file import parse_config
 from broker.core import (
     BrokerCore,
 )

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -194,13 +193,6 @@ def send_group(
 
 def queue_depth(admin: SyncClient, queue: str) -> int | None:
     return next((q.depth for q in admin.queues() if q.name == queue), None)
-
-
-def wait_until(check: Callable[[], bool], what: str, timeout: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def seqs(messages: list[Any]) -> list[int]:

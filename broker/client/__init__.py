@@ -6,11 +6,11 @@ go out together in one Settle. `SyncClient` is a small blocking facade for scrip
 client imports nothing of the server side (a contract in pyproject.toml says so).
 """
 
+from broker.channels import REFUSED_METADATA
 from broker.client.base import CALL_TIMEOUT_S, DEFAULT_URL, Body, Item
 from broker.client.connection import Client
 from broker.client.consumer import Consumer, Received
 from broker.client.errors import (
-    REFUSED_METADATA,
     AlreadyExists,
     ConnectionLost,
     Full,
@@ -22,17 +22,10 @@ from broker.client.errors import (
     RefusedForNow,
     Unavailable,
 )
-from broker.client.info import (
-    ClusterGroupInfo,
-    ClusterGroups,
-    ClusterStatus,
-    ConsumerInfo,
-    GroupInfo,
-    HaPairStatus,
-    QueueInfo,
-)
+from broker.client.info import ClusterGroups, ClusterStatus
 from broker.client.producer import Producer
 from broker.client.sync import SyncClient
+from broker.info import ClusterGroupInfo, ConsumerInfo, GroupInfo, HaPairStatus, QueueInfo
 
 __all__ = [
     "CALL_TIMEOUT_S",

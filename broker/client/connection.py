@@ -6,7 +6,7 @@ import asyncio
 import itertools
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -15,6 +15,7 @@ import grpc
 from grpc import aio
 
 from broker.audit import AuditLog
+from broker.client import convert
 from broker.client.base import (
     CALL_TIMEOUT_S,
     CHANNEL_OPTIONS,
@@ -32,22 +33,13 @@ from broker.client.errors import (
     PinmqError,
     from_rpc,
 )
-from broker.client.info import (
-    ClusterGroupInfo,
-    ClusterGroups,
-    ClusterStatus,
-    ConsumerInfo,
-    GroupInfo,
-    HaPairStatus,
-    QueueInfo,
-    from_unix_ms,
-)
+from broker.client.info import ClusterGroups, ClusterStatus
 from broker.client.producer import Producer
+from broker.info import ConsumerInfo, GroupInfo, QueueInfo
 from broker.message import GROUP_ID_HEADER
 from pinmq_pb import client_pb2 as pb
 from pinmq_pb import client_pb2_grpc as pb_grpc
 
-_NULLABLE = ("group_first_key", "default_group", "dead_letter_address")
 MAX_ROUND_PAUSE_S = 0.25  # between rounds of connect attempts while no address answers
 log = logging.getLogger("pinmq.client")
 
@@ -309,7 +301,7 @@ class Client:
     ) -> None:
         """Create `queue` on `address` (default: same name); settings as in the node config."""
         request = pb.CreateQueueRequest(
-            address=address or queue, queue=queue, settings=_settings_pb(settings)
+            address=address or queue, queue=queue, settings=convert.settings_pb(settings)
         )
         await self._call("CreateQueue", request, changes=True)
 
@@ -320,32 +312,16 @@ class Client:
 
     async def queues(self) -> list[QueueInfo]:
         reply = await self._call("ListQueues", pb.ListQueuesRequest())
-        return [
-            QueueInfo(q.name, q.address, q.depth, q.consumer_count, _settings_dict(q.settings))
-            for q in reply.queues
-        ]
+        return [convert.queue_info(q) for q in reply.queues]
 
     async def groups(self, queue: str) -> list[GroupInfo]:
         reply = await self._call("ListGroups", pb.ListGroupsRequest(queue=queue))
-        return [
-            GroupInfo(
-                group=g.group,
-                owner=g.owner_consumer_id or None,
-                owner_name=g.owner_name or None,
-                pending=g.pending,
-                outstanding=g.outstanding,
-                last_use=from_unix_ms(g.last_use_unix_ms),
-            )
-            for g in reply.groups
-        ]
+        return [convert.group_info(g) for g in reply.groups]
 
     async def consumers(self, queue: str) -> list[ConsumerInfo]:
         """The queue's consumers: what each holds, and whether it stalls."""
         reply = await self._call("ListGroups", pb.ListGroupsRequest(queue=queue))
-        return [
-            ConsumerInfo(c.consumer_id, c.name, c.prefetch, c.unacked, c.groups, c.stalled_ms)
-            for c in reply.consumers
-        ]
+        return [convert.consumer_info(c) for c in reply.consumers]
 
     async def reset_groups(self, queue: str, group: str | None = None) -> None:
         """Unpin one group (or all): their next messages may go to any consumer."""
@@ -359,25 +335,7 @@ class Client:
     ) -> ClusterGroups:
         """Every group of the cluster (of one queue, one group) in one call, from any node."""
         request = pb.ClusterGroupsRequest(queue=queue or "", group=group or "")
-        reply = await self._call("ClusterGroups", request)
-        return ClusterGroups(
-            groups=[
-                ClusterGroupInfo(
-                    group=g.group,
-                    queue=g.queue,
-                    node=g.node,
-                    bound=g.bound,
-                    owner=g.owner_consumer_id or None,
-                    owner_name=g.owner_name or None,
-                    pending=g.pending,
-                    outstanding=g.outstanding,
-                    last_use=from_unix_ms(g.last_use_unix_ms),
-                )
-                for g in reply.groups
-            ],
-            unreachable=list(reply.unreachable),
-            problems=list(reply.problems),
-        )
+        return convert.cluster_groups(await self._call("ClusterGroups", request))
 
     async def cluster_reset_group(
         self, group: str, queue: str | None = None, *, force: bool = False
@@ -393,42 +351,7 @@ class Client:
         return reply.removed
 
     async def cluster_status(self) -> ClusterStatus:
-        reply = await self._call("ClusterStatus", pb.ClusterStatusRequest())
-        return ClusterStatus(
-            node_id=reply.node_id,
-            connected={n.node_id: n.connected for n in reply.nodes},
-            handlers={n.node_id: n.handler for n in reply.nodes},
-            problems=list(reply.problems),
-            consumers={n.node_id: dict(n.consumers) for n in reply.nodes},
-            ha=[
-                HaPairStatus(
-                    p.logical, p.epoch, p.active, p.backup, p.backup_in_sync, p.from_active
-                )
-                for p in reply.ha
-            ],
-        )
-
-
-def _settings_pb(settings: Mapping[str, Any]) -> pb.QueueSettings:
-    values = {}
-    for key, value in settings.items():
-        name = key.replace("-", "_")
-        if name not in pb.QueueSettings.DESCRIPTOR.fields_by_name:
-            raise InvalidArgument(f"unknown queue setting {key!r}", "INVALID_ARGUMENT")
-        values[name] = "" if value is None and name in _NULLABLE else value
-    try:
-        return pb.QueueSettings(**values)
-    except (TypeError, ValueError) as err:
-        raise InvalidArgument(f"bad queue setting: {err}", "INVALID_ARGUMENT") from None
-
-
-def _settings_dict(settings: pb.QueueSettings) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for desc in settings.DESCRIPTOR.fields:
-        if settings.HasField(desc.name):
-            value = getattr(settings, desc.name)
-            out[desc.name] = None if desc.name in _NULLABLE and value == "" else value
-    return out
+        return convert.cluster_status(await self._call("ClusterStatus", pb.ClusterStatusRequest()))
 
 
 def _seen(task: asyncio.Task[None]) -> None:

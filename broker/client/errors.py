@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import grpc
 
+from broker.channels import REFUSED_METADATA
+
 
 class PinmqError(Exception):
     """Any failure reported by pinmq; `code` is the gRPC status name (e.g. "NOT_FOUND")."""
@@ -78,7 +80,6 @@ def error_for(code: str, message: str) -> PinmqError:
     return _BY_CODE.get(code, Refused)(message, code)
 
 
-REFUSED_METADATA = ("pinmq-refused", "1")  # the node answered: its refusal, not a lost link
 # gRPC's words when a call failed before any byte of it left: the channel could not connect.
 _NOT_CONNECTED = ("failed to connect", "connection refused", "connect failed", "dns resolution")
 # grpcio aio (grpc/grpc#36066): a write on a stream that had already ended (its node was killed

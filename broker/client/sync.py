@@ -11,8 +11,8 @@ from typing import Any, Self
 from broker.client.base import DEFAULT_URL, Body, T
 from broker.client.connection import Client
 from broker.client.consumer import Received
-from broker.client.info import GroupInfo, QueueInfo
 from broker.client.producer import Producer
+from broker.info import GroupInfo, QueueInfo
 
 
 class SyncClient:

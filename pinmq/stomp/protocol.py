@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import importlib.metadata
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
 from broker.budget import Meter
-from broker.engine import ConsumerStream
-from broker.sending import Outgoing
+from broker.message import Outgoing
+from broker.streams import ConsumerStream
 from pinmq.stomp.frames import Frame
 
 VERSIONS: Final = ("1.0", "1.1", "1.2")
@@ -134,6 +134,32 @@ class Subscription:
     first_line: str | None  # "<group-first-key>:true\n" when the queue sets one
     # client mode: (delivery id, msg id) in delivery order, for cumulative acks
     outstanding: deque[tuple[int, int]] = field(default_factory=deque)
+
+    @classmethod
+    def of(
+        cls,
+        sub_id: str,
+        mode: str,
+        stream: ConsumerStream,
+        version: str | None,
+        esc_key: Callable[[str], str],
+        esc_value: Callable[[str], str],
+    ) -> Subscription:
+        """The subscription of a new consumer's stream; what each MESSAGE repeats is rendered
+        here once, escaped as the connection's STOMP version wants."""
+        first_key = stream.first_key
+        return cls(
+            id=sub_id,
+            consumer_id=stream.consumer_id,
+            queue=stream.queue,
+            mode=MODES[mode],
+            stream=stream,
+            head=f"MESSAGE\nsubscription:{esc_value(sub_id)}\n",
+            ack_prefix=(
+                f"ack:{stream.consumer_id}/" if version == "1.2" and mode != "auto" else None
+            ),
+            first_line=f"{esc_key(first_key)}:true\n" if first_key else None,
+        )
 
     def take_upto(self, delivery_id: int) -> list[tuple[int, int]]:
         """Cumulative ack: every outstanding delivery up to and including `delivery_id`."""

@@ -40,7 +40,7 @@ class StompServer:
     """Serves STOMP on `listen.stomp` for one node."""
 
     def __init__(self, engine: Engine, sending: SendPath) -> None:
-        self.node = engine
+        self.engine = engine
         self.sending = sending
         self.address = engine.config.listen.stomp
         self.connections: set[Connection] = set()
@@ -56,7 +56,7 @@ class StompServer:
                 self._accept,
                 host,
                 port,
-                backlog=self.node.config.stomp.listen_backlog,
+                backlog=self.engine.config.stomp.listen_backlog,
                 start_serving=accept,
             )
         except OSError as err:
@@ -82,7 +82,7 @@ class StompServer:
             await asyncio.gather(*late, return_exceptions=True)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = Connection(self.node, self.sending, reader, writer, f"stomp-{next(self._ids)}")
+        conn = Connection(self.engine, self.sending, reader, writer, f"stomp-{next(self._ids)}")
         self.connections.add(conn)
         try:
             await conn.run()
@@ -95,23 +95,23 @@ class Connection:
 
     def __init__(
         self,
-        node: Engine,
+        engine: Engine,
         sending: SendPath,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         session_id: str,
     ) -> None:
-        self.node = node
+        self.engine = engine
         self.reader = reader
         self.writer = writer
         self.loop = asyncio.get_running_loop()
         self.out: asyncio.Queue[Any] = asyncio.Queue()
         peer = writer.get_extra_info("peername")
         where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        self.session = Session(node, sending, session_id, self.out, where)
+        self.session = Session(engine, sending, session_id, self.out, where)
         self.session.on_closing = self._closing
-        self.connect_timeout_ms = node.config.stomp.connect_timeout_ms
-        self.frame_timeout_ms = node.config.stomp.frame_timeout_ms
+        self.connect_timeout_ms = engine.config.stomp.connect_timeout_ms
+        self.frame_timeout_ms = engine.config.stomp.frame_timeout_ms
         self.task = asyncio.current_task()
         self.last_read = self.last_write = self.loop.time()
 
@@ -181,12 +181,12 @@ class Connection:
                     frame_deadline = loop.time() + self.frame_timeout_ms / 1000  # a frame began
                 if beats is None and any(session.heart_beat) and not session.closing:
                     beats = asyncio.create_task(self._heart_beats())
-                if session.partial >= PAUSE_PARTIAL and self.node.core.budget.node.full:
+                if session.partial >= PAUSE_PARTIAL and self.engine.memory.full:
                     # A big partial frame holds memory: read no more of it until there is
                     # room, the frame's deadline still running.
                     try:
                         await asyncio.wait_for(
-                            self.node.memory_room(), max(0.0, frame_deadline - loop.time())
+                            self.engine.room.memory_room(), max(0.0, frame_deadline - loop.time())
                         )
                     except TimeoutError:
                         session.fail(

@@ -1,16 +1,17 @@
-"""The STOMP protocol state machine of one connection, over the node's pure core.
+"""The STOMP protocol state machine of one connection, over the node's engine.
 
-A `Session` turns client frames into core calls (send, subscribe, ack, release, reject,
-close_consumer) and hands their Effects to `Engine.apply`, exactly as the gRPC shell does; each
-SUBSCRIBE registers a `ConsumerStream`, so deliveries take the node's one delivery path. It
-does no socket I/O: outgoing frames (and the node's deliveries) go to `out`, which the
-connection's writer drains, and `render` turns deliveries into MESSAGE frames.
+A `Session` turns client frames into the engine's commands (send, subscribe, ack, release,
+reject, unsubscribe), exactly as the gRPC shell does; each SUBSCRIBE's `ConsumerStream` writes
+into the connection's `out`, so deliveries take the node's one delivery path. It does no
+socket I/O: outgoing frames (and the node's deliveries) go to `out`, which the connection's
+writer drains, and `render` turns deliveries into MESSAGE frames.
 
-Frames of one read are handled one by one, but their Effects are merged and applied together
-in `flush`, so a burst of SENDs or ACKs costs one store write. RECEIPT frames go out in the
-order of their frames, each only once the store write it depends on is on disk. SENDs go
-through the node's one send path (`broker/sending.py`); a SEND (or COMMIT) whose group needs
-a cluster grouping decision is awaited before the next frame is read, so frames keep their order.
+Frames of one read are handled one by one in the session's `Unit`, committed together in
+`flush` (and before anything is awaited), so a burst of SENDs or ACKs costs one store write.
+RECEIPT frames go out in the order of their frames, each only once the store write it depends
+on is on disk. SENDs go through the node's one send path (`broker/sending.py`); a SEND (or
+COMMIT) whose group needs a cluster grouping decision is awaited before the next frame is
+read, so frames keep their order.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ from typing import Any
 from broker import validation
 from broker.clock import now_ns
 from broker.core import CoreError, QueueExists
-from broker.effects import Delivery, Effects
-from broker.engine import ConsumerStream, Engine
-from broker.message import GROUP_SEQ_HEADER
-from broker.sending import Outgoing, SendPath
+from broker.effects import Delivery
+from broker.engine import Engine
+from broker.message import GROUP_SEQ_HEADER, Outgoing
+from broker.sending import SendPath
 from broker.store import StoreError
 from pinmq.stomp.frames import (
     ESCAPING_VERSIONS,
@@ -47,7 +48,6 @@ from pinmq.stomp.protocol import (
     CLIENT,
     CLOSE,
     MAX_SUBSCRIPTIONS,
-    MODES,
     SEND_ONLY,
     SERVER,
     VERSIONS,
@@ -73,20 +73,20 @@ class Session:
 
     def __init__(
         self,
-        node: Engine,
+        engine: Engine,
         sending: SendPath,
         session_id: str,
         out: asyncio.Queue[Any],
         peer: str,
     ) -> None:
-        self.node = node
+        self.engine = engine
         self.sending = sending
-        self.core = node.core
+        self.unit = engine.unit()  # this connection's commands, committed by `flush`
         self.id = session_id
         self.peer = peer
         self.out = out
-        self.settings = node.config.stomp
-        self.max_message_size = node.config.limits.max_message_size
+        self.settings = engine.config.stomp
+        self.max_message_size = engine.config.limits.max_message_size
         s = self.settings
         self.parser = FrameParser(Limits(s.max_frame_size, s.max_headers, s.max_header_size))
         self.version: str | None = None  # set by CONNECT
@@ -100,14 +100,13 @@ class Session:
         self.by_consumer: dict[str, Subscription] = {}
         # STOMP 1.0/1.1 acknowledge by message-id: msg id -> (subscription, delivery id)
         self.by_msg_id: dict[int, tuple[Subscription, int]] = {}
-        memory = node.core.budget.node  # transactions and partial frames count there too
-        self.txs = Transactions(node.config.limits.max_batch_messages, memory)
+        memory = engine.memory  # transactions and partial frames count there too
+        self.txs = Transactions(engine.config.limits.max_batch_messages, memory)
         self._memory = memory
         self.partial = 0  # bytes of a partial frame counted on the node's memory
         self._n_subs = 0
         self._name = session_id
         self._now = 0
-        self._fx: Effects | None = None
         self._receipts: list[str] = []
         self.outbox = Outbox(out, self._write_failed)
         self.dests: dict[str, str] = {}
@@ -220,7 +219,7 @@ class Session:
         tx = h.get("transaction")
         if tx is None:
             return self._route([message])
-        room = self.node.admit([(address, persistent)])  # a buffered frame holds memory too
+        room = self.engine.admit([(address, persistent)])  # a buffered frame holds memory too
         if room is None:
             self.txs.buffer(tx, message, len(body))
             return None
@@ -235,13 +234,11 @@ class Session:
 
         The caller awaits it before the next frame, so a connection's frames keep their order.
         """
-        wait = self.node.admit(list(dict.fromkeys((m.address, m.persistent) for m in batch)))
+        wait = self.engine.admit(list(dict.fromkeys((m.address, m.persistent) for m in batch)))
         if wait is not None:  # address-full-policy BLOCK or a full disk: no RECEIPT till room
             return self._route_later(batch, wait)
-        sent = self.sending.send_now(batch, self._now)
-        if sent is None:
+        if self.sending.send_now(batch, self.unit, self._now) is None:
             return self._route_later(batch)
-        self._add(sent[1])
         return None
 
     async def _route_later(
@@ -249,8 +246,7 @@ class Session:
     ) -> None:
         if room is not None:
             await room
-        _, fx = await self.sending.send(batch)
-        self._add(fx)
+        await self.sending.send(batch, self.unit)
         self._now = now_ns()
 
     def _subscribe(self, frame: Frame) -> Awaitable[None] | None:
@@ -279,47 +275,32 @@ class Session:
 
     def _may_create(self, queue: str) -> bool:
         """Whether SUBSCRIBE must auto-create `queue` (Artemis: auto-create-queues)."""
-        if self.core.exists(queue):
+        if self.engine.exists(queue):
             return False
-        if queue in self.node.config.addresses:
+        config = self.engine.config
+        if queue in config.addresses:
             return False
-        rules = self.node.config.settings_for(queue)
+        rules = config.settings_for(queue)
         return rules.auto_create_addresses and rules.auto_create_queues
 
     async def _create_and_subscribe(
         self, queue: str, sub_id: str, mode: str, prefetch: int
     ) -> None:
         with contextlib.suppress(QueueExists):  # a SEND may have created it meanwhile
-            config = self.node.config.queue_config_for(queue)
-            await self.node.create_queue(queue, queue, config, auto_created=True)
+            config = self.engine.config.queue_config_for(queue)
+            await self.engine.create_queue(queue, queue, config, auto_created=True)
         self._now = now_ns()
         self._register(queue, sub_id, mode, prefetch)
 
     def _register(self, queue: str, sub_id: str, mode: str, prefetch: int) -> None:
         self._n_subs += 1
         consumer_id = f"{self.id}-{self._n_subs}"
-        fx = self.core.subscribe(queue, consumer_id, f"{self._name}/{sub_id}", prefetch, self._now)
-        stream = ConsumerStream(consumer_id, queue, outbound=self.out)
-        first_key = self.core.queue(queue).settings.group_first_key
-        esc_key, esc_value = self.esc_key, self.esc_value
-        sub = Subscription(
-            id=sub_id,
-            consumer_id=consumer_id,
-            queue=queue,
-            mode=MODES[mode],
-            stream=stream,
-            head=f"MESSAGE\nsubscription:{esc_value(sub_id)}\n",
-            ack_prefix=(
-                f"ack:{consumer_id}/" if self.version == "1.2" and mode != "auto" else None
-            ),
-            first_line=f"{esc_key(first_key)}:true\n" if first_key else None,
-        )
-        self.node.streams[consumer_id] = stream
+        name = f"{self._name}/{sub_id}"
+        stream = self.unit.subscribe(queue, consumer_id, name, prefetch, self.out, self._now)
+        sub = Subscription.of(sub_id, mode, stream, self.version, self.esc_key, self.esc_value)
         self.subs[sub_id] = sub
         self.by_consumer[consumer_id] = sub
         stream.ended.add_done_callback(partial(self._stream_ended, sub))
-        self._add(fx)
-        self.node.consumers_changed(queue)
 
     def _unsubscribe(self, frame: Frame) -> None:
         sub_id = frame.headers.get("id")
@@ -372,8 +353,7 @@ class Session:
             ids = [op.delivery_id]
             if op.msg_id is not None:
                 by_msg_id.pop(op.msg_id, None)
-        settle = getattr(self.core, op.kind)  # ack, release or reject
-        self._add(settle(sub.queue, sub.consumer_id, ids, self._now))
+        self.unit.settle(sub.stream, op.kind, ids, now=self._now)
 
     def _begin(self, frame: Frame) -> None:
         self.txs.begin(required(frame, "transaction"))
@@ -453,9 +433,7 @@ class Session:
 
     def _close_subscription(self, sub: Subscription) -> None:
         del self.by_consumer[sub.consumer_id]
-        self.node.streams.pop(sub.consumer_id, None)
-        self._add(self.core.close_consumer(sub.queue, sub.consumer_id, now_ns()))
-        self.node.consumers_changed(sub.queue)
+        self.unit.unsubscribe(sub.stream)
 
     def _stream_ended(self, sub: Subscription, ended: asyncio.Future[tuple[str, str]]) -> None:
         """The node ended a subscription (queue deleted, node stopping): STOMP can only ERROR."""
@@ -465,16 +443,9 @@ class Session:
 
     # ---- effects and output -------------------------------------------------------------------
 
-    def _add(self, fx: Effects) -> None:
-        if self._fx is None:
-            self._fx = fx
-        else:
-            self._fx.merge(fx)
-
     def flush(self) -> None:
-        """Apply the Effects gathered since the last flush; queue their RECEIPTs behind them."""
-        fx, self._fx = self._fx, None
-        write = self.node.apply(fx) if fx is not None else None
+        """Commit the commands since the last flush; queue their RECEIPTs behind them."""
+        write = self.unit.commit()
         if self._receipts:
             version = self.version
             for receipt in self._receipts:
@@ -521,5 +492,5 @@ class Session:
         now = now_ns()
         for sub, ids in auto.items():
             if sub.consumer_id in self.by_consumer:
-                self._add(self.core.ack(sub.queue, sub.consumer_id, ids, now))
+                self.unit.settle(sub.stream, "ack", ids, now=now)
         self.flush()

@@ -1,0 +1,201 @@
+"""The client-facing Admin service: queues, their groups and consumers, and the cluster's.
+
+Listings read the engine's queues (read-only views) and turn the node's records
+(`broker/info.py`) into protobuf messages here, the node's one edge between the two (the
+client's is `broker/client/convert.py`); changes go through the engine's commands. The
+cluster calls need `broker/admin.py`'s ClusterAdmin, which a standalone node does not have:
+they are refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+from grpc import aio
+from pydantic import ValidationError
+
+from broker.admin import ClusterAdmin
+from broker.clock import now_ns
+from broker.config import QueueConfig
+from broker.core import CoreError
+from broker.engine import Engine
+from broker.info import table_fields
+from pinmq.grpc_status import abort, refuse
+from pinmq_pb import client_pb2 as pb
+from pinmq_pb import client_pb2_grpc as pb_grpc
+
+_NULLABLE = frozenset(("group_first_key", "default_group", "dead_letter_address"))
+_SETTINGS_FIELDS = tuple(f.name for f in pb.QueueSettings.DESCRIPTOR.fields)
+
+
+class AdminService(pb_grpc.AdminServicer):
+    def __init__(self, engine: Engine, admin: ClusterAdmin | None) -> None:
+        self.engine = engine
+        self.admin = admin
+
+    async def CreateQueue(
+        self, request: pb.CreateQueueRequest, context: aio.ServicerContext
+    ) -> pb.CreateQueueResponse:
+        if not request.queue or not request.address:
+            await refuse(
+                context, grpc.StatusCode.INVALID_ARGUMENT, "address and queue must not be empty"
+            )
+        base = self.engine.config.queue_config_for(request.address).model_dump()
+        try:
+            settings = QueueConfig.model_validate({**base, **_settings_values(request.settings)})
+        except ValidationError as err:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']).replace('_', '-')}: {e['msg']}"
+                for e in err.errors()
+            )
+            await refuse(context, grpc.StatusCode.INVALID_ARGUMENT, f"invalid settings: {problems}")
+        try:
+            await self.engine.create_queue(request.address, request.queue, settings)
+        except Exception as err:
+            await abort(context, err)
+        return pb.CreateQueueResponse()
+
+    async def DeleteQueue(
+        self, request: pb.DeleteQueueRequest, context: aio.ServicerContext
+    ) -> pb.DeleteQueueResponse:
+        try:
+            removed = await self.engine.delete_queue(request.queue)
+        except Exception as err:
+            await abort(context, err)
+        return pb.DeleteQueueResponse(removed_messages=removed)
+
+    async def ListQueues(
+        self, request: pb.ListQueuesRequest, context: aio.ServicerContext
+    ) -> pb.ListQueuesResponse:
+        return pb.ListQueuesResponse(
+            queues=[
+                pb.QueueInfo(
+                    name=q.name,
+                    address=q.address,
+                    depth=q.depth,
+                    consumer_count=q.consumer_count,
+                    settings=_settings_pb(q.settings),
+                )
+                for q in self.engine.queues()
+            ]
+        )
+
+    async def ListGroups(
+        self, request: pb.ListGroupsRequest, context: aio.ServicerContext
+    ) -> pb.ListGroupsResponse:
+        try:
+            queue = self.engine.queue(request.queue)
+        except CoreError as err:
+            await abort(context, err)
+        groups = queue.groups()
+        return pb.ListGroupsResponse(
+            consumers=[
+                pb.ConsumerInfo(
+                    consumer_id=c.consumer_id,
+                    name=c.name,
+                    prefetch=c.prefetch,
+                    unacked=c.unacked,
+                    groups=c.groups,
+                    stalled_ms=c.stalled_ms,
+                )
+                for c in queue.consumers(now_ns())
+            ],
+            groups=[pb.GroupInfo(group=g.group, **table_fields(g)) for g in groups],
+        )
+
+    async def ResetGroups(
+        self, request: pb.ResetGroupsRequest, context: aio.ServicerContext
+    ) -> pb.ResetGroupsResponse:
+        group = request.group if request.HasField("group") else None
+        try:
+            with self.engine.unit() as unit:
+                unit.reset_groups(request.queue, group)
+            if unit.write is not None:
+                await unit.write
+        except Exception as err:
+            await abort(context, err)
+        return pb.ResetGroupsResponse()
+
+    # ---- the cluster ----
+
+    async def _clustered(self, context: aio.ServicerContext) -> ClusterAdmin:
+        if self.admin is None:
+            await refuse(
+                context,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "this node is not clustered (no cluster section)",
+            )
+        return self.admin  # type: ignore[return-value]
+
+    async def ClusterGroups(
+        self, request: pb.ClusterGroupsRequest, context: aio.ServicerContext
+    ) -> pb.ClusterGroupsResponse:
+        admin = await self._clustered(context)
+        groups, unreachable = await admin.groups(request.queue or None, request.group or None)
+        return pb.ClusterGroupsResponse(
+            groups=[
+                pb.ClusterGroupInfo(
+                    group=g.group, queue=g.queue, node=g.node, bound=g.bound, **table_fields(g)
+                )
+                for g in groups
+            ],
+            unreachable=unreachable,
+            problems=admin.problems(),
+        )
+
+    async def ClusterResetGroup(
+        self, request: pb.ClusterResetGroupRequest, context: aio.ServicerContext
+    ) -> pb.ClusterResetGroupResponse:
+        admin = await self._clustered(context)
+        queue = request.queue if request.HasField("queue") else None
+        try:
+            removed = await admin.reset_group(request.group, queue, request.force)
+        except CoreError as err:
+            await abort(context, err)
+        return pb.ClusterResetGroupResponse(removed=removed)
+
+    async def ClusterStatus(
+        self, request: pb.ClusterStatusRequest, context: aio.ServicerContext
+    ) -> pb.ClusterStatusResponse:
+        admin = await self._clustered(context)
+        return pb.ClusterStatusResponse(
+            node_id=admin.node_id,
+            nodes=[
+                pb.ClusterNodeStatus(
+                    node_id=n.node_id,
+                    connected=n.connected,
+                    handler=n.handler,
+                    consumers=n.consumers,
+                )
+                for n in admin.status()
+            ],
+            problems=admin.problems(),
+            ha=[
+                pb.HaPairStatus(
+                    logical=p.logical,
+                    epoch=p.epoch,
+                    active=p.active,
+                    backup=p.backup,
+                    backup_in_sync=p.backup_in_sync,
+                    from_active=p.from_active,
+                )
+                for p in admin.ha()
+            ],
+        )
+
+
+def _settings_values(settings: pb.QueueSettings) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for name in _SETTINGS_FIELDS:
+        if settings.HasField(name):
+            value = getattr(settings, name)
+            values[name] = None if name in _NULLABLE and value == "" else value
+    return values
+
+
+def _settings_pb(settings: QueueConfig) -> pb.QueueSettings:
+    values = {name: getattr(settings, name) for name in _SETTINGS_FIELDS}
+    return pb.QueueSettings(
+        **{k: ("" if v is None and k in _NULLABLE else v) for k, v in values.items()}
+    )

@@ -1,0 +1,62 @@
+"""An ha pair's active process that lost its quorum (it was frozen past failure-timeout, and
+the other process may serve by now) must carry out and record nothing more: not a delivery
+already decided, not a write, not an audit event. A real engine, store and audit log; the
+failover shell is the `serving` callable it is given (what `Node` wires to `may_serve`)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from broker.audit import read_events, segments
+from broker.clock import now_ns
+from broker.config import NodeConfig, QueueConfig
+from broker.engine import Engine, NotServing
+from broker.message import Outgoing
+from broker.sending import LocalSendPath
+
+
+async def test_a_process_that_lost_its_node_carries_out_and_records_nothing_more(
+    tmp_path: Path,
+) -> None:
+    config = NodeConfig.model_validate(
+        {
+            "node": {"id": "node1", "data-dir": str(tmp_path / "data")},
+            "audit": {"enabled": True, "dir": str(tmp_path / "audit"), "flush-ms": 10},
+        }
+    )
+    holds = True
+    engine = Engine(config, lambda: holds)
+    assert engine.audit is not None
+    engine.open()
+    engine.start()
+    try:
+        await engine.create_queue("q", "q", QueueConfig())
+        with engine.unit() as unit:
+            stream = unit.subscribe("q", "c1", "worker", 10)
+        path = LocalSendPath()
+
+        async def send(body: str) -> None:
+            with engine.unit() as unit:
+                path.send_now([Outgoing("q", body.encode(), {}, True)], unit, now_ns())
+            assert unit.write is not None
+            await unit.write
+
+        await send("before")
+        [delivery] = await asyncio.wait_for(stream.outbound.get(), 5)
+        assert delivery.message.body == b"before"  # type: ignore[union-attr]
+
+        holds = False  # its promises expired while it was frozen
+        with pytest.raises(NotServing, match="node1 is no longer held by this process"):
+            await send("after")
+        assert isinstance(engine.failed.result(), NotServing)  # the node stops
+        engine.audit.record("unbound", group="g")  # nor does anything else get recorded
+        await asyncio.sleep(0.05)
+        assert stream.outbound.empty()
+    finally:
+        await engine.close()
+        engine.close_audit()
+    events = [e for path in segments(tmp_path / "audit") for e in read_events(path)]
+    assert [(e["kind"], e.get("msg_id")) for e in events] == [("sent", 1), ("delivered", 1)]

@@ -1,0 +1,72 @@
+"""The benchmark scripts run end to end on small sizes, and their shared checks catch faults.
+
+The benchmarks are not timed here; what is checked is that they still start their nodes,
+carry the load and verify it (bench/harness), so a change elsewhere cannot leave them broken.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+BENCH = REPO / "bench"
+sys.path.insert(0, str(BENCH))
+
+from harness.stats import order_and_owners, order_checks, pct  # noqa: E402
+
+
+def _run(script: str, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, str(BENCH / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def test_order_checks_count_reordering_and_shared_groups() -> None:
+    deliveries = {
+        "c1": [("a", "a", 1), ("a", "a", 3), ("a", "a", 2), ("b", "b", 1)],
+        "c2": [("b", "b", 2), ("", "", 1), ("", "", 1)],  # ungrouped: no owner
+    }
+    disorder, owners = order_and_owners(deliveries.items())
+    assert disorder == 2  # a:2 after a:3 at c1, and the repeated ungrouped seq at c2
+    assert owners == {"a": {"c1"}, "b": {"c1", "c2"}}
+    checks = order_checks(deliveries.items())
+    assert checks["per-group order"][0] is False
+    assert checks["one consumer per group"] == (False, "1 groups at >1 consumer")
+
+
+def test_pct_takes_the_nearest_rank_below() -> None:
+    values = list(range(1, 101))
+    assert (pct(values, 0.5), pct(values, 0.99), pct(values, 1.0)) == (51, 100, 100)
+
+
+def test_end_to_end_runs_and_verifies() -> None:
+    out = _run("end_to_end.py", "--messages", "900", "--groups", "30", "--modes", "persistent")
+    assert "exactly-once            PASS  (sent 900, delivered 900" in out
+    assert "one consumer per group  PASS" in out
+    assert "all checks PASS" in out
+
+
+@pytest.mark.slow
+def test_cluster_throughput_runs_and_verifies() -> None:
+    out = _run(
+        "cluster_throughput.py", "--messages", "900", "--groups", "30", "--variants", "on-demand"
+    )
+    assert "send path: grouped messages sent through node1 (LOCAL) and node2 (REMOTE)" in out
+    assert "forwarded               " in out
+    assert out.count("exactly-once            PASS") == 2  # standalone and the cluster
+    assert "all checks PASS" in out
+
+
+@pytest.mark.slow
+def test_ha_catchup_runs_and_verifies() -> None:
+    out = _run("ha.py", "--catchup", "--pending", "800", "--baseline", "1")
+    assert "snapshots begun: " in out
+    assert "orders holds 800 of 800: PASS" in out
