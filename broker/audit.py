@@ -161,7 +161,7 @@ class AuditLog:
     # ---- recording (hot path: queue references, format nothing) -----------------------------
 
     def effects(self, fx: Changes) -> None:
-        """Node events for one core call's Effects (called from `Engine.apply`).
+        """Node events for one core call's Effects (called from `Engine._apply`).
 
         One queue entry per kind of event, holding the messages: their fields other than the
         delivery count (taken here) do not change once they are enqueued, so the writer reads

@@ -19,13 +19,14 @@ time fails the batch with `GroupingUnavailable` (gRPC UNAVAILABLE, STOMP ERROR),
 of it is enqueued anywhere: a grouped message is never routed without its binding.
 
 Messages a client sends again with an `_AMQ_DUPL_ID` this node accepted lately are dropped
-before planning, as on a standalone node (`broker/sending.py`'s `route_once`): the node a
+before planning, as on a standalone node (`broker/unit.py`'s `Unit.route`): the node a
 client sent to decides, and forwarded messages are never screened again.
 
-Routing returns the `Effects` to apply; the caller applies them (STOMP merges a read's frames
-into one store write). With the node's audit log on, each message leaves a `routed` event per
-instance it is routed to (`AuditLog.routed`): `queue@node`, and for a grouped one the binding
-(group, epoch) and whether this send proposed it, with how long the decision took. The module
+Routing runs in the caller's unit of the engine, which commits it (STOMP gathers a read's
+frames into one store write). With the node's audit log on, each message leaves a `routed`
+event per instance it is routed to (`Unit.place` -> `AuditLog.routed`): `queue@node`, and for
+a grouped one the binding (group, epoch) and whether this send proposed it, with how long the
+decision took. The module
 also moves ungrouped messages away from a queue that lost its consumers (ON_DEMAND
 redistribution); grouped messages never move.
 """
