@@ -33,7 +33,7 @@ from broker.streams import ConsumerStream
 from broker.unit import Placement, Unit
 from cluster.connector import CHANNEL_OPTIONS
 from cluster.local import LocalEngine
-from cluster.outage import Outage
+from cluster.outage import Outage, raise_if_cancelled
 from pinmq_pb import cluster_pb2 as pb
 from pinmq_pb import cluster_pb2_grpc as pb_grpc
 
@@ -237,6 +237,7 @@ class Bridge:
                 except Exception as err:  # a bug must not end forwarding for good
                     log.exception("bridge failed", peer=self.peer)
                     reason = repr(err)
+                raise_if_cancelled()  # the bridge stops: grpcio may have called that a failure
                 if self.acked != acked:
                     outage.over()  # it forwarded: its next failure is news again
                 if outage.news(reason) and not cluster.stopping:

@@ -17,7 +17,7 @@ from grpc import aio
 
 from broker import channels, logs
 from broker.config import ClusterSection
-from cluster.outage import Outage
+from cluster.outage import Outage, raise_if_cancelled
 from cluster.topology import HandlerType, NodeState
 from pinmq_pb import cluster_pb2 as pb
 from pinmq_pb import cluster_pb2_grpc as pb_grpc
@@ -227,6 +227,7 @@ async def run_connector(cluster: GossipHost, address: str) -> None:
         except grpc.RpcError as err:
             code = err.code()
             reason = f"{code.name if code else 'UNKNOWN'}: {err.details()}"
+        raise_if_cancelled()  # the node stops: grpcio may have called that a failure
         if link.peer is not None:
             outage.over()
         if outage.news(reason) and not cluster.stopping:

@@ -53,9 +53,12 @@ Callback = Callable[[Topology], None]
 
 
 class ClusterMember:
-    """The cluster side of one node. Create, `add_servicer(...)`, then `await start()`."""
+    """The cluster side of one node. Create, `add_servicer(...)`, then `await start(...)`.
 
-    def __init__(self, engine: LocalEngine) -> None:
+    `pair`: the ha pair's failover shell, when this node is a pair's active process.
+    """
+
+    def __init__(self, engine: LocalEngine, pair: PairShell | None = None) -> None:
         config = engine.config.cluster
         if config is None:
             raise ValueError("the node has no cluster section")
@@ -69,9 +72,9 @@ class ClusterMember:
         self.topology = Topology(self.node_id)
         self.router = Router()
         self.receiver = ForwardReceiver(self)
-        self.admission: Admission | None = None  # set by the node when grouping is on
-        self.replicator: Replicator | None = None  # set by the node of an ha primary
-        self.pair: PairShell | None = None  # set when this node is an ha pair's active process
+        self.pair = pair
+        self.admission: Admission | None = None  # given to start(): the group claims
+        self.replicator: Replicator | None = None  # given to start(): an ha primary's
         self.voters = VoterRegistry(Path(engine.config.node.data_dir))  # votes for ha pairs
         self.store_id = 0
         self._incarnation = time.time_ns()
@@ -103,8 +106,15 @@ class ClusterMember:
             raise RuntimeError("add_servicer must be called before start()")
         self._servicers.append(add)
 
-    async def start(self) -> None:
-        """Listen on listen.cluster, then dial the connectors; OSError if the port is taken."""
+    async def start(
+        self, admission: Admission | None = None, replicator: Replicator | None = None
+    ) -> None:
+        """Listen on listen.cluster, then dial the connectors; OSError if the port is taken.
+
+        What it serves from then on: `admission`, where forwarded messages go first (the group
+        claims, with grouping on); `replicator`, an ha primary's replication to its backup.
+        """
+        self.admission, self.replicator = admission, replicator
         pb_grpc.add_ClusterServicer_to_server(ClusterService(self), self._server)
         for add in self._servicers:
             add(self._server)

@@ -8,6 +8,8 @@ refuses a link as UNAVAILABLE, but grpcio sometimes reports that refusal as INTE
 
 from __future__ import annotations
 
+import asyncio
+
 
 class Outage:
     """The failures logged since the link was last up."""
@@ -25,3 +27,16 @@ class Outage:
     def over(self) -> None:
         """The link was up: its next failure is news again."""
         self._logged.clear()
+
+
+def raise_if_cancelled() -> None:
+    """End a link's retry loop that this task's own cancellation reached as a failure.
+
+    grpcio may report a call cut short by the cancellation of the task awaiting it as an
+    RpcError ("Internal error from Core") instead of CancelledError. A loop that retries on
+    RpcError would then go on for ever, and whoever cancelled it (to stop following, to stop
+    the node) would wait for it for ever. Call this in the loop's except clause.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

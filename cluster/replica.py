@@ -35,7 +35,7 @@ from broker import channels, sqlite_file
 from broker.engine import STORE_FILE
 from broker.store import Store, StoreError
 from cluster import replication_wire as wire
-from cluster.outage import Outage
+from cluster.outage import Outage, raise_if_cancelled
 from handler.bindings import FILE_NAME as BINDINGS_FILE
 from handler.bindings import BindingStore, BindingStoreError
 from pinmq_pb import cluster_pb2 as pb
@@ -103,6 +103,7 @@ class Follower:
             try:
                 await self._follow()
             except (aio.AioRpcError, OSError, sqlite3.Error, StoreError, BindingStoreError) as err:
+                raise_if_cancelled()
                 self._broke_off(err.details() if isinstance(err, aio.AioRpcError) else str(err))
             self.state = "connecting"
             if self.on_broken is not None:

@@ -177,8 +177,7 @@ class Node:
     def _build_cluster(self) -> None:
         """Cluster connections (cluster/), the grouping handler (handler/), the send path."""
         engine = self.engine
-        self.cluster = cluster = ClusterMember(engine)
-        cluster.pair = self.pair
+        self.cluster = cluster = ClusterMember(engine, self.pair)
         epoch = self.pair.epoch if self.pair is not None else 1  # fixed while it serves
         self.handler = make_handler(
             self.config, cluster.locate_local_handler, cluster.add_servicer, epoch
@@ -187,7 +186,6 @@ class Node:
         grouping = self.config.grouping_handler
         if self.handler is not None and grouping is not None:
             self.claims = GroupClaims(engine, cluster, self.handler, grouping)
-            cluster.admission = self.claims
             self.claims.hold_restored()  # before any consumer can subscribe
         engine.observers.append(_ClusterObserver(engine, cluster, self.clustered, self.handler))
 
@@ -195,13 +193,14 @@ class Node:
         """The handler starts first, so its gRPC service answers as soon as listen.cluster does."""
         cluster, handler = self.cluster, self.handler
         assert cluster is not None
+        replicator = None
         if handler is not None:
             try:
                 await handler.start()
             except BindingStoreError as err:
                 await self.stop(0)
                 raise StartupError(str(err)) from None
-            self._replicate(cluster, handler)
+            replicator = self._replicator(handler)
             handler.on_removed(self._binding_removed)
             if self.claims is not None:
                 handler.on_removed(self.claims.removed)
@@ -213,19 +212,19 @@ class Node:
         cluster.on_instances_changed(self._topology_changed)
         self._cluster_started = time.monotonic()
         try:
-            await cluster.start()
+            await cluster.start(self.claims, replicator)
         except OSError as err:
             await self.stop(0)
             raise StartupError(str(err)) from None
 
-    def _replicate(self, cluster: ClusterMember, handler: GroupingHandler) -> None:
+    def _replicator(self, handler: GroupingHandler) -> Replicator | None:
         """ha, the active process: every write of the store and the bindings goes to the
         backup too, and only while this process holds the node (`PairShell` is the gate)."""
         ha, pair, bindings = self.config.ha, self.pair, handler.bindings_store
         if ha is None or pair is None or bindings is None:  # no bindings file: REMOTE
-            return
+            return None
         sources = {"store": self.engine.store, "bindings": bindings}
-        cluster.replicator = Replicator(self.config.node.id, sources, ha.failure_timeout, pair)
+        return Replicator(self.config.node.id, sources, ha.failure_timeout, pair)
 
     async def _redistribute_loop(self, clustered: ClusteredSendPath) -> None:
         while True:
