@@ -147,9 +147,10 @@ class GroupClaims:
 
     async def _run(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(RETRY_S if self._draining else None):
-                    await self._wake.wait()
+            if not self._due:  # claims left unanswered last round are asked again at once
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(RETRY_S if self._draining else None):
+                        await self._wake.wait()
             self._wake.clear()
             for claim in list(self._draining):
                 q = self._queue(claim[0])

@@ -34,6 +34,7 @@ from cluster.claims import GroupClaims
 from cluster.member import ClusterMember
 from cluster.sending import ClusteredSendPath
 from cluster.topology import NodeState
+from handler.api import HandlerUnavailable
 from handler.local import LocalHandler
 from handler.records import Binding
 
@@ -153,5 +154,38 @@ async def test_a_held_group_is_not_released_by_a_decision_its_removal_overtook(
             sf = sf_queue("pinmq", OTHER)
             await until("m1 moved to OTHER, where g is bound", lambda: n.depth(sf) == 1)
             assert n.depth("orders") == 0
+        finally:
+            await claims.stop()
+
+
+async def test_a_held_group_is_asked_for_again_after_the_handler_did_not_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The handler unreachable when a held group is first decided (the LOCAL node killed):
+    the claim is asked again after a pause, with no new hold to wake it, and settles once the
+    handler answers. (A drill found it waiting until some other group was held.)"""
+    async with node(tmp_path) as n:
+        grouping = n.engine.config.grouping_handler
+        assert grouping is not None
+        claims = GroupClaims(n.engine, n.cluster, n.handler, grouping)
+        with n.engine.unit() as unit:
+            claims.admit("orders", Outgoing("orders", b"m1", GROUP, True), unit)
+        assert unit.write is not None
+        await unit.write
+        decide, asked = n.handler.decide, []
+
+        async def unreachable_once(group: str, queue: str, node_id: str) -> Binding:
+            asked.append(group)
+            if len(asked) == 1:
+                raise HandlerUnavailable("the LOCAL grouping handler is unreachable")
+            return await decide(group, queue, node_id)
+
+        monkeypatch.setattr(n.handler, "decide", unreachable_once)
+        claims.start()
+        try:
+            orders = n.engine.queue("orders")
+            await until("g released once the handler answers", lambda: len(asked) >= 2)
+            await until("g no longer held", lambda: not orders.held_waiting("g"))
+            assert n.handler.arbiter.lookup("g", "orders") == Binding("g", "orders", ME, 1)
         finally:
             await claims.stop()
