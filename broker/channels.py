@@ -11,6 +11,11 @@ after gRPC's default backoff (up to two minutes, 13 s measured after a 30 s outa
 
 from __future__ import annotations
 
+import grpc
+from grpc import aio
+
+from broker.tls import TlsFiles
+
 KEEPALIVE_MS = 2000  # a silent peer is noticed within two of these
 # Trailing metadata of a call the node itself refused: its answer, not a lost connection.
 REFUSED_METADATA = ("pinmq-refused", "1")
@@ -50,3 +55,28 @@ def serve_keepalive(interval_ms: int = KEEPALIVE_MS) -> Options:
         ("grpc.http2.min_recv_ping_interval_without_data_ms", interval_ms // 2),
         ("grpc.http2.max_ping_strikes", 0),
     ]
+
+
+def dial(address: str, options: Options, tls: TlsFiles | None) -> aio.Channel:
+    """A channel to `address`: over TLS, verifying the server against `tls.ca` (and
+    presenting `tls.cert` when given), or in plain text when `tls` is None."""
+    if tls is None:
+        return aio.insecure_channel(address, options=options)
+    return aio.secure_channel(address, tls.channel_credentials(), options=options)
+
+
+def dial_blocking(address: str, tls: TlsFiles | None) -> grpc.Channel:
+    """`dial` for blocking code (a launcher's or a test's health checks), default options."""
+    if tls is None:
+        return grpc.insecure_channel(address)
+    return grpc.secure_channel(address, tls.channel_credentials())
+
+
+def listen(server: aio.Server, address: str, tls: TlsFiles | None, client_cert: bool) -> None:
+    """Bind `server` to `address`: over TLS presenting `tls.cert` (and requiring a client
+    certificate issued by `tls.ca` when `client_cert`), or in plain text when `tls` is None.
+    RuntimeError when the address cannot be bound, as grpc raises it."""
+    if tls is None:
+        server.add_insecure_port(address)
+    else:
+        server.add_secure_port(address, tls.server_credentials(client_cert))

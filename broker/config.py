@@ -13,9 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     field_validator,
     model_validator,
@@ -23,18 +21,9 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from broker import wildcard
-
-
-def kebab(name: str) -> str:
-    return name.replace("_", "-")
-
-
-class Strict(BaseModel):
-    """Base for every config section: kebab-case keys, unknown keys rejected, immutable."""
-
-    model_config = ConfigDict(
-        alias_generator=kebab, populate_by_name=True, extra="forbid", frozen=True
-    )
+from broker.config_base import Strict, check_pattern
+from broker.config_security import SecuritySection, TlsSection
+from broker.tls import TlsFiles
 
 
 class QueueConfig(Strict):
@@ -380,6 +369,8 @@ class NodeConfig(Strict):
     log: LogSection = Field(default_factory=LogSection)
     audit: AuditSection = Field(default_factory=AuditSection)
     ha: HaSection | None = None
+    tls: TlsSection | None = None
+    security: SecuritySection = Field(default_factory=SecuritySection)
     # Store a message's delivery count before it goes out (Artemis's setting of that name,
     # with a choice of messages): after a crash, a message that was out but not acked comes
     # back marked redelivered. `grouped`: persistent messages of a group on a queue that groups
@@ -414,12 +405,7 @@ class NodeConfig(Strict):
     @classmethod
     def _patterns_well_formed(cls, value: dict[str, AddressSettings]) -> dict[str, AddressSettings]:
         for pattern in value:
-            if not pattern or wildcard.is_wildcard_word_misuse(pattern):
-                raise PydanticCustomError(
-                    "pinmq",
-                    f"bad match pattern {pattern!r}: expected words separated by '.', "
-                    "with '#' and '*' only as whole words",
-                )
+            check_pattern(pattern)
             if value[pattern].dead_letter_address == pattern:  # an address, not a wildcard
                 raise PydanticCustomError(
                     "pinmq",
@@ -453,6 +439,11 @@ class NodeConfig(Strict):
                     "this node at",
                 )
         return self
+
+    @property
+    def tls_files(self) -> TlsFiles | None:
+        """The node's TLS files (its listeners, its channels to peers), or None: plain text."""
+        return self.tls.files() if self.tls is not None else None
 
     @property
     def cluster_address(self) -> str:

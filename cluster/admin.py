@@ -16,6 +16,7 @@ from typing import Protocol
 
 from grpc import aio
 
+from broker import channels
 from broker.config import ClusterSection
 from broker.core import CoreError
 from broker.info import (
@@ -51,6 +52,8 @@ class GroupsHost(Protocol):
     voters: VoterRegistry
 
     def peer_address(self, node_id: str) -> str | None: ...
+
+    def dial(self, address: str, options: channels.Options) -> aio.Channel: ...
 
     def problems(self) -> list[str]: ...
 
@@ -141,7 +144,7 @@ async def cluster_groups(
             return []
         request = pb.GroupsRequest(queue=queue or "", group=group or "")
         try:
-            async with aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+            async with cluster.dial(address, CHANNEL_OPTIONS) as channel:
                 reply = await pb_grpc.ClusterStub(channel).Groups(request, timeout=PEER_TIMEOUT_S)
         except aio.AioRpcError as err:
             unreachable.append(f"{peer}: {err.code().name}: {err.details()}")

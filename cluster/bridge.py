@@ -24,7 +24,7 @@ from typing import Protocol
 import grpc
 from grpc import aio
 
-from broker import logs
+from broker import channels, logs
 from broker.config import ClusterSection, QueueConfig
 from broker.core import CoreError
 from broker.effects import Delivery
@@ -62,6 +62,8 @@ class BridgeHost(Protocol):
     async def reachable(self, node_id: str) -> str: ...
 
     def bridge_ended(self, bridge: Bridge) -> None: ...
+
+    def dial(self, address: str, options: channels.Options) -> aio.Channel: ...
 
 
 FORWARD_HEADER = "_pinmq_fwd"  # SF queue: the target queue; at the receiver: "origin:seq"
@@ -252,7 +254,7 @@ class Bridge:
         engine = self.cluster.engine
         consumer_id = f"bridge-{uuid.uuid4().hex[:12]}"
         inflight: deque[tuple[int, int]] = deque()  # (seq, delivery id), in delivery order
-        async with aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+        async with self.cluster.dial(address, CHANNEL_OPTIONS) as channel:
             call = pb_grpc.ClusterStub(channel).Forward()
             try:
                 with engine.unit() as unit:

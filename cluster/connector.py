@@ -92,6 +92,8 @@ class GossipHost(Protocol):
     @property
     def local_state(self) -> NodeState: ...
 
+    def dial(self, address: str, options: channels.Options) -> aio.Channel: ...
+
     def attach(self, link: GossipLink) -> None: ...
 
     def detach(self, link: GossipLink) -> None: ...
@@ -212,7 +214,7 @@ async def run_connector(cluster: GossipHost, address: str) -> None:
     while True:
         link = GossipLink(cluster, via=address)
         try:
-            async with aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+            async with cluster.dial(address, CHANNEL_OPTIONS) as channel:
                 call = pb_grpc.ClusterStub(channel).Gossip()
                 try:
                     await link.dial(call)

@@ -162,6 +162,7 @@ class PairShell:
         assert ha is not None and cluster is not None
         self.name = config.node.id
         self.primary = ha.role == "primary"
+        self.tls = config.tls_files  # failover messages ride on mutual TLS, when set
         self.path = Path(config.node.data_dir) / STATE_FILE
         saved = _read_json(self.path) or {}
         self.logical: str | None = saved.get("logical") or (self.name if self.primary else None)
@@ -352,7 +353,7 @@ class PairShell:
         assert self.logical is not None
         channel = self._channels.get(address)
         if channel is None:
-            channel = aio.insecure_channel(address, options=channels.reconnect())
+            channel = channels.dial(address, channels.reconnect(), self.tls)
             self._channels[address] = channel
         timeout = self.timing.answer_within(send.message) / 1000
         try:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from grpc import aio
 
-from broker import logs
+from broker import channels, logs
 from broker.config import ClusterSection
 from broker.message import Outgoing
 from broker.unit import Placement
@@ -67,6 +67,7 @@ class ClusterMember:
         self.node_id = engine.config.node.id
         self.listen = engine.config.listen.cluster  # bound
         self.address = engine.config.cluster_address  # named to peers: cluster.advertise, or bound
+        self.tls = engine.config.tls_files  # mutual TLS with every peer, when set
         handler = engine.config.grouping_handler
         self.handler_type = handler.type if handler is not None else None
         self.topology = Topology(self.node_id)
@@ -98,6 +99,10 @@ class ClusterMember:
         self._change = asyncio.Event()  # replaced (after being set) on every topology change
         self._tasks: list[asyncio.Task[None]] = []
 
+    def dial(self, address: str, options: channels.Options) -> aio.Channel:
+        """A channel to a peer's listen.cluster: mutual TLS when the node has `tls`."""
+        return channels.dial(address, options, self.tls)
+
     # ---- lifecycle --------------------------------------------------------------------------
 
     def add_servicer(self, add: Callable[[aio.Server], None]) -> None:
@@ -119,7 +124,8 @@ class ClusterMember:
         for add in self._servicers:
             add(self._server)
         try:
-            self._server.add_insecure_port(self.listen)
+            # Mutual TLS: only the cluster's own nodes (certificates of its CA) get in.
+            channels.listen(self._server, self.listen, self.tls, client_cert=True)
         except RuntimeError:
             raise OSError(
                 f"cannot listen on {self.listen} (listen.cluster in use or not a local address)"

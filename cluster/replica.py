@@ -34,6 +34,7 @@ from grpc import aio
 from broker import channels, sqlite_file
 from broker.engine import STORE_FILE
 from broker.store import Store, StoreError
+from broker.tls import TlsFiles
 from cluster import replication_wire as wire
 from cluster.outage import Outage, raise_if_cancelled
 from handler.bindings import FILE_NAME as BINDINGS_FILE
@@ -70,6 +71,7 @@ class Follower:
         *,
         warn_after_s: float,
         cluster_address: str = "",
+        tls: TlsFiles | None = None,
         on_synced: Callable[[int], None] | None = None,
         on_broken: Callable[[], None] | None = None,
     ) -> None:
@@ -78,6 +80,7 @@ class Follower:
         self.retry_s = retry_s
         self.warn_after_s = warn_after_s
         self.cluster_address = cluster_address
+        self.tls = tls  # mutual TLS with the primary, when the node has tls
         self.on_synced = on_synced
         self.on_broken = on_broken
         self.paths = _paths(data_dir)
@@ -158,7 +161,7 @@ class Follower:
         reports: asyncio.Queue[pb.ReplicaReport] = asyncio.Queue()
         applied: deque[tuple[int, asyncio.Future[None]]] = deque()
         woken = asyncio.Event()
-        async with aio.insecure_channel(self.primary, options=CHANNEL_OPTIONS) as channel:
+        async with channels.dial(self.primary, CHANNEL_OPTIONS, self.tls) as channel:
             call = pb_grpc.ClusterStub(channel).Replicate(self._reports(reports))
             confirming = asyncio.ensure_future(self._confirm(applied, woken, reports))
             try:

@@ -34,4 +34,10 @@ def make_handler(
         host(GroupingServicer(handler).add_to_server)
         return handler
     reconnect = config.cluster.reconnect_interval if config.cluster is not None else 500
-    return RemoteHandler(locate_local, section, config.node.id, reconnect_interval_ms=reconnect)
+    return RemoteHandler(
+        locate_local,
+        section,
+        config.node.id,
+        reconnect_interval_ms=reconnect,
+        tls=config.tls_files,
+    )

@@ -31,6 +31,7 @@ from grpc import aio
 
 from broker import channels
 from broker.config import GroupingHandlerSection
+from broker.tls import TlsFiles
 from handler.api import (
     LIST_LIMIT,
     BindingUse,
@@ -83,10 +84,12 @@ class RemoteHandler(GroupingHandler):
         node_id: str,
         *,
         reconnect_interval_ms: int = 500,
+        tls: TlsFiles | None = None,
         clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         super().__init__()
         self.config = config
+        self.tls = tls  # mutual TLS with the LOCAL node, when the node has tls
         self.node_id = node_id
         self._locate = locate_local
         self._reconnect_s = reconnect_interval_ms / 1000
@@ -102,6 +105,7 @@ class RemoteHandler(GroupingHandler):
         self._closing: set[asyncio.Task[None]] = set()  # old channels being closed
         self.subscribed = asyncio.Event()  # the Removals stream is live (for health and tests)
         self.arbiter_epoch = 0  # the newest arbiter epoch heard from
+        self._ignored_epoch: tuple[int, int] | None = None  # the stale answer last warned of
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -158,7 +162,7 @@ class RemoteHandler(GroupingHandler):
 
     async def _propose(self, key: Key, node: str, flight: _Flight) -> Binding:
         group, queue = key
-        why = "no LOCAL grouping handler is known in the cluster"
+        why = ""  # the last attempt's failure: an attempt cut short by the deadline keeps it
         pause = 0.05
         try:
             async with asyncio.timeout(self.config.timeout / 1000):
@@ -167,7 +171,6 @@ class RemoteHandler(GroupingHandler):
                     if proposals is None:
                         why = "no LOCAL grouping handler is known in the cluster"
                     else:
-                        why = ""  # filled in below when this attempt is cut short
                         try:
                             reply = await proposals.propose(group, queue, node)
                         except aio.AioRpcError as err:
@@ -206,7 +209,9 @@ class RemoteHandler(GroupingHandler):
     def _current(self, epoch: int) -> bool:
         """Is an answer of an arbiter at `epoch` to be heeded (no newer arbiter answered)?"""
         if epoch < self.arbiter_epoch:
-            log.warning("older arbiter ignored", epoch=epoch, newest=self.arbiter_epoch)
+            if self._ignored_epoch != (epoch, self.arbiter_epoch):  # once, not per retry
+                self._ignored_epoch = (epoch, self.arbiter_epoch)
+                log.warning("older arbiter ignored", epoch=epoch, newest=self.arbiter_epoch)
             return False
         if epoch > self.arbiter_epoch:
             if self.arbiter_epoch:
@@ -277,12 +282,13 @@ class RemoteHandler(GroupingHandler):
                 self._closing.add(closing)
                 closing.add_done_callback(self._closing.discard)
             self._target = target
-            self._channel = aio.insecure_channel(
+            self._channel = channels.dial(
                 target,
-                options=[
+                [
                     *channels.keepalive(),
                     *channels.reconnect(max(100, int(self._reconnect_s * 1000))),
                 ],
+                self.tls,
             )
             self._stub_ = pb_grpc.GroupingHandlerStub(self._channel)
         return self._stub_

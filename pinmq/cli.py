@@ -2,6 +2,8 @@
 
 Errors print one line `pinmq: error: ...` and exit 1 (2 for usage and config errors).
 `pinmq check` (pipeline/) exits 0 when the history is clean, 1 on violations, 2 on bad input.
+`pinmq user` (pinmq/users_cli.py) adds, removes and lists the users of a users file.
+`pinmq certs` (pinmq/certs.py) writes a development CA and node certificates.
 The verbs that talk to a node are `pinmq/verbs.py`.
 """
 
@@ -39,6 +41,18 @@ def _parser() -> argparse.ArgumentParser:
         help="host:port[,host:port...]: with several, the client moves to the next that answers "
         "when its node goes (default: $PINMQ_URL or %(default)s)",
     )
+    for name, what in (
+        ("ca", "the CA certificate (PEM) the nodes' certificates are checked against: TLS on"),
+        ("cert", "a client certificate (PEM), for a node with client-auth"),
+        ("key", "the client certificate's private key (PEM)"),
+    ):
+        env = f"PINMQ_TLS_{name.upper()}"
+        client.add_argument(
+            f"--tls-{name}",
+            default=os.environ.get(env) or None,
+            metavar="FILE",
+            help=f"{what} (default: ${env})",
+        )
 
     # consume and wait have a --timeout of their own (how long to wait); their calls keep the
     # default deadline.
@@ -139,6 +153,70 @@ def _parser() -> argparse.ArgumentParser:
         "--master", default="local[*]", metavar="URL", help="Spark master (default: %(default)s)"
     )
     check.add_argument("--report", metavar="DIR", help="write summary.json and an HTML report")
+
+    user = verbs.add_parser("user", help="add, remove or list the users of a users file")
+    actions = user.add_subparsers(dest="user_verb", required=True, metavar="ACTION")
+    users_file = argparse.ArgumentParser(add_help=False)
+    where = users_file.add_mutually_exclusive_group()
+    where.add_argument(
+        "--users-file", metavar="PATH", help="the users file (default: $PINMQ_USERS_FILE)"
+    )
+    where.add_argument(
+        "--config", metavar="FILE", help="a node's YAML config: the users file it names"
+    )
+    add = actions.add_parser(
+        "add", parents=[users_file], help="add a user, or set its password and roles"
+    )
+    add.add_argument("name", type=_non_empty, metavar="NAME")
+    add.add_argument(
+        "--role", action="append", required=True, type=_non_empty, metavar="R", help="repeatable"
+    )
+    remove = actions.add_parser("remove", parents=[users_file], help="remove a user")
+    remove.add_argument("name", metavar="NAME")
+    actions.add_parser("list", parents=[users_file], help="the users and their roles")
+
+    certs = verbs.add_parser(
+        "certs", help="write a development CA and a key and certificate per node (mutual TLS)"
+    )
+    certs.add_argument(
+        "directory", metavar="DIR", help="where ca.crt, ca.key, NAME.crt, NAME.key go (0700)"
+    )
+    certs.add_argument(
+        "--nodes",
+        type=_names,
+        default=[],
+        metavar="LIST",
+        help="comma-separated node names: each gets a certificate for serving and connecting "
+        "(CN and DNS name: the node's name); required unless --clients",
+    )
+    certs.add_argument(
+        "--hosts",
+        type=_names,
+        default=[],
+        metavar="LIST",
+        help="comma-separated DNS names or IP addresses added to every node certificate "
+        "(localhost, 127.0.0.1 and ::1 always are)",
+    )
+    certs.add_argument(
+        "--clients",
+        type=_names,
+        default=[],
+        metavar="LIST",
+        help="comma-separated user names: a client certificate each (CN: the user)",
+    )
+    certs.add_argument(
+        "--reuse-ca",
+        action="store_true",
+        help="sign with the CA already in DIR: how a node certificate is rotated (an existing "
+        "CA is never overwritten)",
+    )
+    certs.add_argument(
+        "--days",
+        type=_positive,
+        default=825,
+        metavar="N",
+        help="validity of the node and client certificates (default: %(default)s)",
+    )
     return parser
 
 
@@ -154,6 +232,16 @@ def _positive(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
     return value
+
+
+def _names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",")]  # an empty one is refused by name
+
+
+def _non_empty(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
 
 
 def _header(text: str) -> tuple[str, str]:
@@ -189,6 +277,30 @@ def _run_local(args: argparse.Namespace) -> int:
         return 2
 
 
+def _run_certs(args: argparse.Namespace) -> int:
+    """`pinmq certs`: print the files written, one path a line, never what is in them."""
+    from pinmq.certs import CertsError, write_certs  # loads cryptography: only for this verb
+
+    if not args.nodes and not args.clients:
+        print("pinmq: error: certs: --nodes is required unless --clients is given", file=sys.stderr)
+        return 2
+    try:
+        written = write_certs(
+            Path(args.directory),
+            args.nodes,
+            hosts=args.hosts,
+            clients=args.clients,
+            reuse_ca=args.reuse_ca,
+            days=args.days,
+        )
+    except (CertsError, OSError) as err:
+        print(f"pinmq: error: {err}", file=sys.stderr)
+        return 1
+    for path in written:
+        print(path)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     if args.verb in ("node", "up", "down"):
@@ -197,6 +309,12 @@ def main(argv: list[str] | None = None) -> None:
         from pipeline.cli import run_check
 
         sys.exit(run_check(args.history, master=args.master, report=args.report))
+    if args.verb == "user":  # exit 0 done, 1 refused, 2 usage
+        from pinmq.users_cli import run as run_user
+
+        sys.exit(run_user(args))
+    if args.verb == "certs":  # exit 0 written, 1 refused, 2 usage
+        sys.exit(_run_certs(args))
     try:
         asyncio.run(run_client(args))
     except PinmqError as err:

@@ -60,9 +60,10 @@ def make_server(
     register(pb_grpc.add_AdminServicer_to_server, AdminService(engine, admin), server)
     health_service = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_service, server)
-    address = engine.config.listen.client
+    address, tls = engine.config.listen.client, engine.config.tls
     try:
-        server.add_insecure_port(address)
+        required = tls is not None and tls.client_auth == "required"
+        channels.listen(server, address, engine.config.tls_files, required)
     except RuntimeError:
         raise OSError(f"cannot listen on {address} (in use or not a local address)") from None
     return server, health_service

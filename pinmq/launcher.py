@@ -19,6 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
 from rich.table import Table
 
+from broker import channels
 from broker.config import NodeConfig
 from broker.config_file import load_config
 
@@ -44,8 +45,10 @@ def _pid(pid_file: Path) -> int | None:
     return pid if _alive(pid) else None
 
 
-def _healthy(url: str) -> bool:
-    with grpc.insecure_channel(url) as channel:
+def _healthy(cfg: NodeConfig) -> bool:
+    """The node's gRPC health service says SERVING (over TLS, as the node itself, if it has
+    tls: its certificate is one a node with client-auth required accepts)."""
+    with channels.dial_blocking(cfg.listen.client, cfg.tls_files) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(), timeout=1.0
@@ -58,12 +61,15 @@ def _healthy(url: str) -> bool:
 def _started(cfg: NodeConfig) -> bool:
     """Serving clients; an ha backup, which serves none while passive: its HTTP answers."""
     if cfg.ha is not None and cfg.ha.role == "backup":
+        tls = cfg.tls_files
+        scheme, context = ("https", tls.client_context()) if tls is not None else ("http", None)
         try:
-            with urllib.request.urlopen(f"http://{cfg.listen.http}/healthz", timeout=1.0):
+            url = f"{scheme}://{cfg.listen.http}/healthz"
+            with urllib.request.urlopen(url, timeout=1.0, context=context):
                 return True
         except OSError:
             return False
-    return _healthy(cfg.listen.client)
+    return _healthy(cfg)
 
 
 def _tail(log: Path, lines: int = 5) -> str:

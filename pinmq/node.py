@@ -115,7 +115,7 @@ class Node:
             self._server, self._health = make_server(engine, self.sending, admin)
             self._stomp = StompServer(engine, self.sending)
             await self._stomp.start(accept=False)
-            self._http = HttpServer(self.config.listen.http, self.config.node.id, self.readiness)
+            self._http = HttpServer.of(self.config, self.readiness)
             await self._http.start()
         except OSError as err:
             if self._stomp is not None:

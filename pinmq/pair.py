@@ -18,7 +18,7 @@ from typing import Any
 
 from grpc import aio
 
-from broker import logs
+from broker import channels, logs
 from broker.config import NodeConfig
 from broker.engine import StartupError
 from broker.readiness import Readiness
@@ -151,11 +151,12 @@ class PairProcess:
         if self._passive is None:
             server = aio.server()
             pb_grpc.add_ClusterServicer_to_server(PassiveService(self.shell), server)
-            server.add_insecure_port(self.config.listen.cluster)
+            # Mutual TLS, as on the active process's listener: only the cluster's own nodes.
+            channels.listen(server, self.config.listen.cluster, self.shell.tls, client_cert=True)
             await server.start()
             self._passive = server
         if self._http is None:
-            http = HttpServer(self.config.listen.http, self.config.node.id, self.readiness)
+            http = HttpServer.of(self.config, self.readiness)
             await http.start()
             self._http = http
 
@@ -178,6 +179,7 @@ class PairProcess:
             retry_s=self.config.cluster.reconnect_interval / 1000,  # type: ignore[union-attr]
             warn_after_s=self.shell.grace_s,
             cluster_address=self.config.pair_address,
+            tls=self.shell.tls,
             on_synced=self.shell.replica_synced,
             on_broken=self.shell.replica_broke,
         )

@@ -1,4 +1,6 @@
-"""`python -m pinmq.probe HOST:PORT`: the container health check (deploy/Dockerfile).
+"""`python -m pinmq.probe HOST:PORT [CA]`: the container health check (deploy/Dockerfile).
+
+With CA (a PEM file; or $PINMQ_PROBE_CA), it asks over HTTPS and trusts that CA.
 
 Healthy (exit 0) when the node's `GET /readyz` answers 200, or when it is a passive ha backup
 that follows its active process and holds a full copy (`/readyz` is 503 for it by design: it
@@ -9,6 +11,8 @@ one line. Standard library only: it runs every few seconds in each container.
 from __future__ import annotations
 
 import json
+import os
+import ssl
 import sys
 import urllib.error
 import urllib.request
@@ -27,8 +31,11 @@ def verdict(status: int, body: dict[str, Any]) -> tuple[bool, str]:
 
 def main(argv: list[str]) -> int:
     address = argv[1] if len(argv) > 1 else "127.0.0.1:8161"
+    ca = argv[2] if len(argv) > 2 else os.environ.get("PINMQ_PROBE_CA")
+    url = f"{'https' if ca else 'http'}://{address}/readyz"
     try:
-        with urllib.request.urlopen(f"http://{address}/readyz", timeout=2) as reply:
+        context = ssl.create_default_context(cafile=ca) if ca else None
+        with urllib.request.urlopen(url, timeout=2, context=context) as reply:
             status, raw = reply.status, reply.read()
     except urllib.error.HTTPError as err:
         status, raw = err.code, err.read()

@@ -15,10 +15,22 @@ import signal
 from broker import logs
 from broker.config import NodeConfig
 from broker.engine import StartupError
+from broker.tls import TlsError
 from pinmq.node import Node
 from pinmq.pair import PairProcess
 
 log = logs.get("node")
+
+
+def check_transport(config: NodeConfig) -> None:
+    """Read the TLS files before anything binds: StartupError naming a file that cannot be
+    used, rather than failed handshakes later."""
+    tls = config.tls_files
+    if tls is not None:
+        try:
+            tls.check()
+        except TlsError as err:
+            raise StartupError(str(err)) from None
 
 
 async def serve(config: NodeConfig) -> int:
@@ -26,6 +38,7 @@ async def serve(config: NodeConfig) -> int:
     loop = asyncio.get_running_loop()
     node: Node | PairProcess = PairProcess(config) if config.ha is not None else Node(config)
     try:
+        check_transport(config)
         await node.start()
     except StartupError as err:
         log.error("cannot start node", error=str(err))

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -23,6 +24,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from broker.client import CALL_TIMEOUT_S, Client, PinmqError, Received
+from broker.tls import TlsError, TlsFiles
 
 Printer = Callable[[str], None]
 
@@ -298,6 +300,25 @@ _VERBS = {
 }
 
 
+def tls_files(args: argparse.Namespace) -> TlsFiles | None:
+    """The client's TLS files from --tls-ca/--tls-cert/--tls-key (or $PINMQ_TLS_CA, ...):
+    None (plain text) without a CA."""
+    if not args.tls_ca:
+        if args.tls_cert or args.tls_key:
+            raise UsageError("--tls-cert and --tls-key need --tls-ca (or $PINMQ_TLS_CA)")
+        return None
+    try:
+        files = TlsFiles(
+            Path(args.tls_ca),
+            Path(args.tls_cert) if args.tls_cert else None,
+            Path(args.tls_key) if args.tls_key else None,
+        )
+        files.check()
+    except TlsError as err:
+        raise UsageError(str(err).replace("tls.", "--tls-")) from None
+    return files
+
+
 async def run_client(args: argparse.Namespace) -> None:
     """Connect to the node `args.url` names and run the verb on it."""
     timeout = getattr(args, "call_timeout", CALL_TIMEOUT_S)
@@ -308,6 +329,7 @@ async def run_client(args: argparse.Namespace) -> None:
         call_timeout=timeout,
         on_blocked=_notice(every_s=10.0),
         on_failover=_notice(),
+        tls=tls_files(args),
     ) as client:
         await _VERBS[args.verb](client, args)
 

@@ -114,7 +114,8 @@ class ClusterNodes:
         return self.nodes[node_id].url
 
     def client(self, node_id: str) -> Client:
-        return Client(self.url(node_id))
+        node = self.nodes[node_id]
+        return Client(node.url, tls=node.tls)
 
     def stomp_port(self, node_id: str) -> int:
         config = yaml.safe_load(self.nodes[node_id].config_path.read_text())
@@ -126,7 +127,7 @@ class ClusterNodes:
     # ---- what the nodes see --------------------------------------------------------------
 
     def inspect(self, node_id: str) -> cpb.InspectResponse:
-        with grpc.insecure_channel(self.cluster_addr[node_id]) as channel:
+        with self.nodes[node_id].channel(self.cluster_addr[node_id]) as channel:
             return cpb_grpc.ClusterStub(channel).Inspect(cpb.InspectRequest(), timeout=5)
 
     def view(self, node_id: str) -> View:
@@ -139,7 +140,7 @@ class ClusterNodes:
         }
 
     def health(self, node_id: str, service: str) -> int:
-        with grpc.insecure_channel(self.url(node_id)) as channel:
+        with self.nodes[node_id].channel(self.url(node_id)) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=service), timeout=5
             )

@@ -27,6 +27,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ports import reserve_port
 from waiting import wait
 
+from broker import channels
+from broker.tls import TlsFiles
+
 if TYPE_CHECKING:
     from broker.client import Client, Received
 
@@ -108,10 +111,14 @@ async def drain(client: Client, queue: str, guard_s: float = 30.0) -> list[Recei
     return got
 
 
-def get(address: str, path: str) -> tuple[int, dict[str, Any]]:
-    """GET http://address/path -> (status, JSON body), whatever the status."""
+def get(address: str, path: str, tls: TlsFiles | None = None) -> tuple[int, dict[str, Any]]:
+    """GET http://address/path (https, trusting `tls.ca`, with `tls`) -> (status, JSON body),
+    whatever the status."""
+    scheme, context = ("https", tls.client_context()) if tls is not None else ("http", None)
     try:
-        with urllib.request.urlopen(f"http://{address}{path}", timeout=5) as reply:
+        with urllib.request.urlopen(
+            f"{scheme}://{address}{path}", timeout=5, context=context
+        ) as reply:
             return reply.status, json.loads(reply.read())
     except urllib.error.HTTPError as err:
         with err:
@@ -157,6 +164,9 @@ class NodeProcess:
         for key, value in (extra or {}).items():
             config[key] = {**config.get(key, {}), **value} if isinstance(value, dict) else value
         self.http = config["listen"]["http"]  # host:port of GET /healthz and /readyz
+        # With `tls`: the node's own files, which the tests' channels present and trust.
+        tls = config.get("tls")
+        self.tls = TlsFiles(Path(tls["ca"]), Path(tls["cert"]), Path(tls["key"])) if tls else None
         self.stomp_port = int(config["listen"]["stomp"].rpartition(":")[2])
         self.config_path.write_text(yaml.safe_dump(config))
         self.proc: subprocess.Popen[bytes] | None = None
@@ -185,7 +195,7 @@ class NodeProcess:
         """Poll the standard gRPC health service until the node reports SERVING."""
         proc = self.proc
         assert proc is not None
-        with grpc.insecure_channel(self.url) as channel:
+        with self.channel(self.url) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
 
             def serving() -> bool:
@@ -200,6 +210,10 @@ class NodeProcess:
                 raise RuntimeError(
                     f"node not serving after {START_TIMEOUT_S}s:\n{self.log()}"
                 ) from None
+
+    def channel(self, address: str) -> grpc.Channel:
+        """A blocking channel to one of the node's gRPC listeners, over TLS if it has tls."""
+        return channels.dial_blocking(address, self.tls)
 
     def wait_exit(self, timeout: float = 20.0) -> int:
         assert self.proc is not None

@@ -26,6 +26,7 @@ from broker.client.info import ClusterGroups, ClusterStatus
 from broker.client.producer import Producer
 from broker.client.sync import SyncClient
 from broker.info import ClusterGroupInfo, ConsumerInfo, GroupInfo, HaPairStatus, QueueInfo
+from broker.tls import TlsFiles
 
 __all__ = [
     "CALL_TIMEOUT_S",
@@ -54,5 +55,6 @@ __all__ = [
     "Refused",
     "RefusedForNow",
     "SyncClient",
+    "TlsFiles",
     "Unavailable",
 ]

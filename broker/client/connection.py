@@ -14,6 +14,7 @@ from typing import Any, Self
 import grpc
 from grpc import aio
 
+from broker import channels
 from broker.audit import AuditLog
 from broker.client import convert
 from broker.client.base import (
@@ -37,6 +38,7 @@ from broker.client.info import ClusterGroups, ClusterStatus
 from broker.client.producer import Producer
 from broker.info import ConsumerInfo, GroupInfo, QueueInfo
 from broker.message import GROUP_ID_HEADER
+from broker.tls import TlsFiles
 from pinmq_pb import client_pb2 as pb
 from pinmq_pb import client_pb2_grpc as pb_grpc
 
@@ -68,6 +70,10 @@ class Client:
     (sends with the same messages: their `_AMQ_DUPL_ID` lets the node drop a copy it has).
     Past the timeout they fail with `ConnectionLost` (or `OutcomeUnknown` for a request that
     may have been done). `on_failover` (default: a logging warning) is told of each move.
+
+    `tls`: the nodes speak TLS; the client trusts `tls.ca` and presents `tls.cert` (for a
+    node with `client-auth: required`). Every address of `url` must match its node's
+    certificate (its names and addresses).
     """
 
     def __init__(
@@ -81,7 +87,9 @@ class Client:
         audit_name: str | None = None,
         on_blocked: Callable[[str], None] | None = None,
         on_failover: Callable[[str], None] | None = None,
+        tls: TlsFiles | None = None,
     ):
+        self.tls = tls  # TLS to every address: the CA to trust, a certificate if asked for one
         self.addresses = [a.strip() for a in url.split(",") if a.strip()]
         if not self.addresses:
             raise InvalidArgument(f"no address in url {url!r}", "INVALID_ARGUMENT")
@@ -145,7 +153,7 @@ class Client:
         pause = 0.1
         while True:
             for target in order:
-                channel = aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+                channel = channels.dial(target, CHANNEL_OPTIONS, self.tls)
                 connected = False
                 try:
                     connected = await ready(channel, self._connect_timeout)

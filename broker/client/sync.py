@@ -13,16 +13,17 @@ from broker.client.connection import Client
 from broker.client.consumer import Received
 from broker.client.producer import Producer
 from broker.info import GroupInfo, QueueInfo
+from broker.tls import TlsFiles
 
 
 class SyncClient:
     """Blocking wrapper for scripts: a Client on an event loop in a background thread."""
 
-    def __init__(self, url: str = DEFAULT_URL) -> None:
+    def __init__(self, url: str = DEFAULT_URL, *, tls: TlsFiles | None = None) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
-        self._client = Client(url)
+        self._client = Client(url, tls=tls)
         self._producers: dict[tuple[str, str | None, bool], Producer] = {}
         try:
             self._run(self._client.connect())

@@ -27,6 +27,7 @@ READ_CHUNK = 256 * 1024
 WRITE_SLICE = 1024 * 1024  # bytes per socket write (and drain) at most, big bodies aside
 HIGH_WATER = 4 * 1024 * 1024  # queued control frames (receipts) before reading pauses
 PAUSE_PARTIAL = 64 * 1024  # a partial frame this big waits for room when memory is full
+HANDSHAKE_TIMEOUT_S = 10.0  # a client that opens a socket and stalls its TLS handshake
 CLOSE_GRACE_S = 5.0  # to flush the last frames (ERROR, RECEIPT) before closing anyway
 log = logs.get("stomp")
 
@@ -51,6 +52,7 @@ class StompServer:
         """Bind and (unless `accept` is False: then `accept()` later) accept; raises OSError
         naming the address when it cannot listen."""
         host, port = split_host_port(self.address)
+        tls = self.engine.config.tls
         try:
             self._server = await asyncio.start_server(
                 self._accept,
@@ -58,6 +60,8 @@ class StompServer:
                 port,
                 backlog=self.engine.config.stomp.listen_backlog,
                 start_serving=accept,
+                ssl=tls.files().server_context(tls.client_auth) if tls is not None else None,
+                ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S if tls is not None else None,
             )
         except OSError as err:
             reason = os.strerror(err.errno) if err.errno else str(err)

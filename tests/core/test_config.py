@@ -419,3 +419,47 @@ def test_ha_only_on_the_local_node() -> None:
     assert "only the LOCAL node has a primary and a backup" in error_text(
         text + "ha: {role: primary}", "n2.yaml"
     )
+
+
+def test_tls_and_security_sections_as_the_contract_writes_them() -> None:
+    cfg = parse_config(
+        """
+node: {id: n1}
+tls:
+  cert: /etc/pinmq/tls/node1.crt
+  key: /etc/pinmq/tls/node1.key
+  ca: /etc/pinmq/tls/ca.crt
+  client-auth: optional
+security:
+  users-file: /etc/pinmq/users.yaml
+  roles:
+    "orders.#": {send: [app], consume: [worker], browse: [ops], manage: [admin]}
+    "#": {send: [admin], consume: [admin], create: [admin], delete: [admin], manage: [admin]}
+""",
+        "n1.yaml",
+    )
+    assert cfg.tls is not None and cfg.tls.client_auth == "optional"
+    files = cfg.tls_files
+    assert files is not None and (files.cert, files.key, files.ca) == (
+        Path("/etc/pinmq/tls/node1.crt"),
+        Path("/etc/pinmq/tls/node1.key"),
+        Path("/etc/pinmq/tls/ca.crt"),
+    )
+    assert cfg.security.roles["orders.#"]["browse"] == ["ops"]
+    assert parse_config("node: {id: n1}", "n1.yaml").tls_files is None
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("tls: {cert: a.crt, key: a.key}", "n1.yaml: tls.ca: missing required key"),
+        ("tls: {cert: a, key: b, ca: c, client-auth: maybe}", "tls.client-auth: got 'maybe'"),
+        ("security: {roles: {'a#': {send: [x]}}}", "bad match pattern 'a#'"),
+        ("security: {roles: {'#': {publish: [x]}}}", "security.roles.#.publish"),
+        ("security: {enabled: true, users-file: u.yaml}", "does not check users yet"),
+    ],
+)
+def test_bad_tls_and_security_sections_are_named(text: str, said: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        parse_config("node: {id: n1}\n" + text, "n1.yaml")
+    assert said in str(refused.value)
