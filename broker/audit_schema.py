@@ -52,6 +52,7 @@ class Kind(StrEnum):
     REJECTED = "rejected"  # rejected, or out of delivery attempts
     UNBOUND = "unbound"  # the LOCAL grouping handler removed a binding (extension)
     MOVED = "moved"  # a held group's message sent on to the group's binding (extension)
+    DENIED = "denied"  # a login or an operation refused (security; extension)
     CLIENT_SENT = "client_sent"  # the node confirmed the send
     CLIENT_RECEIVED = "client_received"
     CLIENT_ACKED = "client_acked"
@@ -61,7 +62,7 @@ CLIENT_KINDS = (Kind.CLIENT_SENT, Kind.CLIENT_RECEIVED, Kind.CLIENT_ACKED)
 KINDS = tuple(Kind)
 
 _ALL = frozenset(Kind)
-_MESSAGE = _ALL - {Kind.UNBOUND}  # events about one message
+_MESSAGE = _ALL - {Kind.UNBOUND, Kind.DENIED}  # events about one message
 _OWN = _MESSAGE - {Kind.ROUTED}  # the message's own keys (`group_seq`, `producer`)
 _HELD = frozenset({Kind.DELIVERED, Kind.ACKED, Kind.RELEASED, Kind.REJECTED})
 _CLIENT_HELD = frozenset({Kind.CLIENT_RECEIVED, Kind.CLIENT_ACKED})
@@ -104,10 +105,16 @@ MID = Field(
     "mid", str, _MESSAGE,
     f"end-to-end id `<producer>/<n>` from the `{MID_HEADER}` header (extension)",
 )  # fmt: skip
-ADDRESS = Field("address", str, _MESSAGE, "where the message was sent")
-QUEUE = Field("queue", str, _ALL - {Kind.CLIENT_SENT}, "the queue that held the message")
+ADDRESS = Field(
+    "address", str, _MESSAGE | {Kind.DENIED},
+    "where the message was sent; denied: the address of the refused operation (absent: a "
+    "login, or an operation on every address)",
+)  # fmt: skip
+QUEUE = Field(
+    "queue", str, _ALL - {Kind.CLIENT_SENT, Kind.DENIED}, "the queue that held the message"
+)
 GROUP = Field(
-    "group", str, _ALL,
+    "group", str, _ALL - {Kind.DENIED},
     "resolved group key (absent: ungrouped); `routed`: the group whose binding chose the target",
 )  # fmt: skip
 GROUP_SEQ = Field("group_seq", int, _OWN, "JMSXGroupSeq (absent: none or 0)")
@@ -143,9 +150,20 @@ REASON = Field(
     "reason", str, frozenset({Kind.UNBOUND}),
     "why the binding went: reaped, unbound, instance-deleted, instance-absent (extension)",
 )  # fmt: skip
+USER = Field(
+    "user", str, frozenset({Kind.DENIED, *CLIENT_KINDS}),
+    "denied: the user refused (absent: none named); client events: the user the client "
+    "authenticated as (extension)",
+)  # fmt: skip
+PEER = Field("peer", str, frozenset({Kind.DENIED}), "denied: the client's address (extension)")
+PERMISSION = Field(
+    "permission", str, frozenset({Kind.DENIED}),
+    "denied: the permission the user lacks (absent: the login was refused) (extension)",
+)  # fmt: skip
 
 # Every field, in the order the writer puts them in a line and the checker's columns.
 FIELDS = (
     TS_NS, NODE, EPOCH, KIND, MSG_ID, MID, ADDRESS, QUEUE, GROUP, GROUP_SEQ, PRODUCER, CONSUMER,
-    DELIVERY_COUNT, N, TARGET, NEW_PROPOSAL, DECISION_NS, CONSUMER_NAME, REASON,
+    DELIVERY_COUNT, N, TARGET, NEW_PROPOSAL, DECISION_NS, CONSUMER_NAME, REASON, USER, PEER,
+    PERMISSION,
 )  # fmt: skip

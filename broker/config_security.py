@@ -10,7 +10,7 @@ import functools
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from broker import wildcard
@@ -72,15 +72,11 @@ class SecuritySection(Strict):
             check_pattern(pattern)
         return value
 
-    @field_validator("enabled")
-    @classmethod
-    def _not_yet_enforced(cls, value: bool) -> bool:
-        # Refused rather than accepted and ignored: a node that took it would look protected
-        # while it let every client in.
-        if value:
+    @model_validator(mode="after")
+    def _users_named(self) -> SecuritySection:
+        if self.enabled and self.users_file is None:
             raise PydanticCustomError(
                 "pinmq",
-                "this version of pinmq does not check users yet: security.enabled must stay "
-                "false (users-file and roles are read by `pinmq user` already)",
+                "security.enabled needs security.users-file (create one with `pinmq user add`)",
             )
-        return value
+        return self

@@ -243,6 +243,14 @@ class Engine:
         """A queue or an address of that name exists."""
         return self._core.exists(name)
 
+    def creates(self, name: str) -> bool:
+        """Whether a send or a subscription to `name` would auto-create it (Artemis:
+        auto-create-addresses and auto-create-queues): the `create` permission it needs."""
+        if self._core.exists(name) or name in self.config.addresses:
+            return False
+        rules = self.config.settings_for(name)
+        return rules.auto_create_addresses and rules.auto_create_queues
+
     def check_address(self, address: str) -> None:
         """Raise CoreError unless a send to `address` would be routed to at least one queue."""
         self._core.check_address(address)

@@ -224,6 +224,7 @@ class Users:
         self._stamp = self._stat()
         self._users = read_users(self.path)
         self._problem: str | None = None
+        self._generation = 0  # grows with every re-read that changed the users in force
         _dummy_hash()  # computed now, not on the first unknown name
 
     def authenticate(self, name: str | None, password: str | None) -> Principal | None:
@@ -254,6 +255,12 @@ class Users:
         self._refresh()
         entry = self._users.get(name)
         return None if entry is None else Principal(name, frozenset(entry.roles))
+
+    def generation(self) -> int:
+        """A number that changes whenever the users in force change (re-reading if needed):
+        what a cache of authenticated users compares to drop what the file no longer says."""
+        self._refresh()
+        return self._generation
 
     def names(self) -> list[str]:
         """The user names, sorted."""
@@ -288,6 +295,7 @@ class Users:
                     )
             else:
                 self._users = users
+                self._generation += 1
                 if self._problem is not None:
                     log.info("users file usable again", path=str(self.path), users=len(users))
                 self._problem = None

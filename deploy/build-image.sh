@@ -20,7 +20,8 @@ PYTHON=${1:-.venv/bin/python}
 IMAGE=${PINMQ_IMAGE:-pinmq:latest}
 PUBLIC_BASE=python:3.11-slim-bookworm
 CONTEXT=$(mktemp -d /tmp/pinmq-image.XXXXXX)
-trap 'rm -rf "$CONTEXT"' EXIT
+SOURCE=$(mktemp -d /tmp/pinmq-source.XXXXXX)  # pip builds a copy: setuptools leaves build/ behind
+trap 'rm -rf "$CONTEXT" "$SOURCE"' EXIT
 WHEELS=$CONTEXT/wheelhouse
 
 step() { printf '==> %s\n' "$*"; }
@@ -32,7 +33,11 @@ step "wheelhouse: pinmq and its dependencies"
 # The same source gives the same wheelhouse, to the file times (those of the last commit), so
 # an unchanged tree rebuilds from docker's layer cache.
 epoch=$(git log -1 --format=%ct 2>/dev/null || echo 315532800)
-SOURCE_DATE_EPOCH=$epoch "$PYTHON" -m pip wheel -q --wheel-dir "$WHEELS" . || fail "pip wheel failed"
+tar -c --exclude=./.git --exclude=./.venv --exclude=./.bench --exclude=./data --exclude=./run \
+  --exclude=./secrets --exclude=./build --exclude='*.egg-info' --exclude=__pycache__ . \
+  | tar -x -C "$SOURCE" || fail "cannot copy the source tree"
+SOURCE_DATE_EPOCH=$epoch "$PYTHON" -m pip wheel -q --wheel-dir "$WHEELS" "$SOURCE" \
+  || fail "pip wheel failed"
 find "$CONTEXT" -exec touch -h -d "@$epoch" {} +
 
 # The release and mirror this machine's apt uses: deb822 sources first, then sources.list.

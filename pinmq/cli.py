@@ -54,6 +54,19 @@ def _parser() -> argparse.ArgumentParser:
             help=f"{what} (default: ${env})",
         )
 
+    client.add_argument(
+        "--user",
+        default=os.environ.get("PINMQ_USER") or None,
+        help="the user to connect as, for a node with security on (default: $PINMQ_USER); "
+        "the password comes from --password-file or $PINMQ_PASSWORD, never from argv",
+    )
+    client.add_argument(
+        "--password-file",
+        default=None,
+        metavar="FILE",
+        help="a file whose first line is --user's password (default: $PINMQ_PASSWORD's value)",
+    )
+
     # consume and wait have a --timeout of their own (how long to wait); their calls keep the
     # default deadline.
     deadline = argparse.ArgumentParser(add_help=False)

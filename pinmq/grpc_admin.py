@@ -15,12 +15,16 @@ import grpc
 from grpc import aio
 from pydantic import ValidationError
 
+from broker.access import Access
 from broker.admin import ClusterAdmin
 from broker.clock import now_ns
 from broker.config import QueueConfig
+from broker.config_security import Permission
 from broker.core import CoreError
 from broker.engine import Engine
 from broker.info import table_fields
+from broker.permissions import Denied
+from pinmq.grpc_access import Gate
 from pinmq.grpc_status import abort, refuse
 from pinmq_pb import client_pb2 as pb
 from pinmq_pb import client_pb2_grpc as pb_grpc
@@ -30,9 +34,35 @@ _SETTINGS_FIELDS = tuple(f.name for f in pb.QueueSettings.DESCRIPTOR.fields)
 
 
 class AdminService(pb_grpc.AdminServicer):
-    def __init__(self, engine: Engine, admin: ClusterAdmin | None) -> None:
+    """Each call needs a permission: `create`, `delete`, `browse` (listings) or `manage`
+    (resetting groups; the cluster's group map and status) on the queue's address, or on
+    every address for a call that names no queue."""
+
+    def __init__(self, engine: Engine, admin: ClusterAdmin | None, gate: Gate) -> None:
         self.engine = engine
         self.admin = admin
+        self.gate = gate
+
+    async def _allowed(
+        self, context: aio.ServicerContext, permission: Permission, address: str | None
+    ) -> Access:
+        """The caller's access, if it holds `permission` on `address` (None: on every one)."""
+        access = await self.gate.access(context)
+        try:
+            if address is None:
+                access.check_global(permission)
+            else:
+                access.check(permission, address)
+        except Denied as err:
+            await self.gate.deny(context, err)
+        return access
+
+    def _address_of(self, queue: str) -> str:
+        """The address a queue is bound to (the name itself when there is no such queue)."""
+        try:
+            return self.engine.queue(queue).address
+        except CoreError:
+            return queue
 
     async def CreateQueue(
         self, request: pb.CreateQueueRequest, context: aio.ServicerContext
@@ -41,6 +71,7 @@ class AdminService(pb_grpc.AdminServicer):
             await refuse(
                 context, grpc.StatusCode.INVALID_ARGUMENT, "address and queue must not be empty"
             )
+        await self._allowed(context, "create", request.address)
         base = self.engine.config.queue_config_for(request.address).model_dump()
         try:
             settings = QueueConfig.model_validate({**base, **_settings_values(request.settings)})
@@ -59,6 +90,7 @@ class AdminService(pb_grpc.AdminServicer):
     async def DeleteQueue(
         self, request: pb.DeleteQueueRequest, context: aio.ServicerContext
     ) -> pb.DeleteQueueResponse:
+        await self._allowed(context, "delete", self._address_of(request.queue))
         try:
             removed = await self.engine.delete_queue(request.queue)
         except Exception as err:
@@ -68,6 +100,7 @@ class AdminService(pb_grpc.AdminServicer):
     async def ListQueues(
         self, request: pb.ListQueuesRequest, context: aio.ServicerContext
     ) -> pb.ListQueuesResponse:
+        access = await self.gate.access(context)  # lists the queues the user may browse
         return pb.ListQueuesResponse(
             queues=[
                 pb.QueueInfo(
@@ -78,12 +111,14 @@ class AdminService(pb_grpc.AdminServicer):
                     settings=_settings_pb(q.settings),
                 )
                 for q in self.engine.queues()
+                if access.allows("browse", q.address)
             ]
         )
 
     async def ListGroups(
         self, request: pb.ListGroupsRequest, context: aio.ServicerContext
     ) -> pb.ListGroupsResponse:
+        await self._allowed(context, "browse", self._address_of(request.queue))
         try:
             queue = self.engine.queue(request.queue)
         except CoreError as err:
@@ -108,6 +143,7 @@ class AdminService(pb_grpc.AdminServicer):
         self, request: pb.ResetGroupsRequest, context: aio.ServicerContext
     ) -> pb.ResetGroupsResponse:
         group = request.group if request.HasField("group") else None
+        await self._allowed(context, "manage", self._address_of(request.queue))
         try:
             with self.engine.unit() as unit:
                 unit.reset_groups(request.queue, group)
@@ -131,6 +167,7 @@ class AdminService(pb_grpc.AdminServicer):
     async def ClusterGroups(
         self, request: pb.ClusterGroupsRequest, context: aio.ServicerContext
     ) -> pb.ClusterGroupsResponse:
+        await self._allowed(context, "manage", self._address_of(request.queue) or None)
         admin = await self._clustered(context)
         groups, unreachable = await admin.groups(request.queue or None, request.group or None)
         return pb.ClusterGroupsResponse(
@@ -147,8 +184,9 @@ class AdminService(pb_grpc.AdminServicer):
     async def ClusterResetGroup(
         self, request: pb.ClusterResetGroupRequest, context: aio.ServicerContext
     ) -> pb.ClusterResetGroupResponse:
-        admin = await self._clustered(context)
         queue = request.queue if request.HasField("queue") else None
+        await self._allowed(context, "manage", None if queue is None else self._address_of(queue))
+        admin = await self._clustered(context)
         try:
             removed = await admin.reset_group(request.group, queue, request.force)
         except CoreError as err:
@@ -158,6 +196,7 @@ class AdminService(pb_grpc.AdminServicer):
     async def ClusterStatus(
         self, request: pb.ClusterStatusRequest, context: aio.ServicerContext
     ) -> pb.ClusterStatusResponse:
+        await self._allowed(context, "manage", None)
         admin = await self._clustered(context)
         return pb.ClusterStatusResponse(
             node_id=admin.node_id,

@@ -19,16 +19,20 @@ from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from broker import channels, logs
+from broker.access import Access
 from broker.admin import ClusterAdmin
+from broker.authenticator import Authenticator
 from broker.clock import now_ns
 from broker.core import CoreError
 from broker.effects import Delivery
 from broker.engine import Engine, NotServing
 from broker.message import Outgoing
+from broker.permissions import Denied
 from broker.sending import SendPath
 from broker.store import StoreError
 from broker.streams import ConsumerStream, Receipt
 from broker.validation import InvalidInput, check_headers, check_size
+from pinmq.grpc_access import Gate
 from pinmq.grpc_admin import AdminService
 from pinmq.grpc_decode import refuse_undecodable, register
 from pinmq.grpc_status import Refused, abort, gone, refuse, status_of
@@ -45,7 +49,10 @@ _SETTLES = frozenset(("ack", "release", "reject"))
 
 
 def make_server(
-    engine: Engine, sending: SendPath, admin: ClusterAdmin | None
+    engine: Engine,
+    sending: SendPath,
+    admin: ClusterAdmin | None,
+    authenticator: Authenticator | None = None,
 ) -> tuple[aio.Server, health.aio.HealthServicer]:
     """A gRPC server with the Broker, Admin and health services, bound to listen.client."""
     limit = engine.config.limits.max_message_size
@@ -56,8 +63,9 @@ def make_server(
             *channels.serve_keepalive(),  # a frozen client is noticed, its deliveries go back
         ]
     )
-    register(pb_grpc.add_BrokerServicer_to_server, BrokerService(engine, sending), server)
-    register(pb_grpc.add_AdminServicer_to_server, AdminService(engine, admin), server)
+    gate = Gate(authenticator)
+    register(pb_grpc.add_BrokerServicer_to_server, BrokerService(engine, sending, gate), server)
+    register(pb_grpc.add_AdminServicer_to_server, AdminService(engine, admin, gate), server)
     health_service = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_service, server)
     address, tls = engine.config.listen.client, engine.config.tls
@@ -79,9 +87,10 @@ async def mark_serving(health_service: health.aio.HealthServicer) -> None:
 
 
 class BrokerService(pb_grpc.BrokerServicer):
-    def __init__(self, engine: Engine, sending: SendPath) -> None:
+    def __init__(self, engine: Engine, sending: SendPath, gate: Gate) -> None:
         self.engine = engine
         self.sending = sending
+        self.gate = gate
         self.max_size = engine.config.limits.max_message_size
         self.max_batch = engine.config.limits.max_batch_messages
 
@@ -99,7 +108,10 @@ class BrokerService(pb_grpc.BrokerServicer):
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{which}: {err}") from None
 
     async def _send(
-        self, messages: Iterable[pb.Message], blocked: Callable[[], None] | None = None
+        self,
+        messages: Iterable[pb.Message],
+        access: Access,
+        blocked: Callable[[], None] | None = None,
     ) -> tuple[list[int], asyncio.Future[None] | None]:
         """Validate every message, then enqueue them all: all or nothing.
 
@@ -116,6 +128,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             )
         batch = [Outgoing(m.address, m.body, _dict(m.headers), m.persistent) for m in messages]
         self._check(messages, batch)
+        access.check_send(dict.fromkeys(m.address for m in batch), self.engine.creates)
         wait = self.engine.admit(list(dict.fromkeys((m.address, m.persistent) for m in batch)))
         if wait is not None:
             if blocked is not None:
@@ -129,10 +142,13 @@ class BrokerService(pb_grpc.BrokerServicer):
         return ids, unit.write
 
     async def Send(self, request: pb.SendRequest, context: aio.ServicerContext) -> pb.SendResponse:
+        access = await self.gate.access(context)
         try:
-            ids, write = await self._send((request.message,))
+            ids, write = await self._send((request.message,), access)
             if write is not None:
                 await write
+        except Denied as err:
+            await self.gate.deny(context, err)
         except Exception as err:
             await abort(context, err)
         return pb.SendResponse(msg_id=ids[0])
@@ -140,10 +156,13 @@ class BrokerService(pb_grpc.BrokerServicer):
     async def SendBatch(
         self, request: pb.SendBatchRequest, context: aio.ServicerContext
     ) -> pb.SendBatchResponse:
+        access = await self.gate.access(context)
         try:
-            ids, write = await self._send(request.messages)
+            ids, write = await self._send(request.messages, access)
             if write is not None:
                 await write
+        except Denied as err:
+            await self.gate.deny(context, err)
         except Exception as err:
             await abort(context, err)
         return pb.SendBatchResponse(msg_ids=ids)
@@ -156,6 +175,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         A batch that waits for a grouping decision holds back the batches behind it, so a
         stream's batches are always routed in the order they were sent.
         """
+        access = await self.gate.access(context)
         Pending = tuple[int, list[int], asyncio.Future[None] | None] | pb.SendResult | NotServing
         results: asyncio.Queue[Pending | None] = asyncio.Queue()
 
@@ -171,12 +191,19 @@ class BrokerService(pb_grpc.BrokerServicer):
                         results.put_nowait(pb.SendResult(batch=n, blocked=True))
 
                     try:
-                        results.put_nowait((n, *await self._send(request.messages, blocked)))
+                        sent = await self._send(request.messages, access, blocked)
+                        results.put_nowait((n, *sent))
                     except NotServing as err:
                         results.put_nowait(err)
                         return
-                    except (Refused, CoreError) as err:
-                        code = err.code if isinstance(err, Refused) else status_of(err)
+                    except (Refused, CoreError, Denied) as err:
+                        if isinstance(err, Denied):
+                            self.gate.record(err, context)
+                            code = grpc.StatusCode.PERMISSION_DENIED
+                        elif isinstance(err, Refused):
+                            code = err.code
+                        else:
+                            code = status_of(err)
                         results.put_nowait(
                             pb.SendResult(batch=n, error_code=code.name, error_message=str(err))
                         )
@@ -209,6 +236,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         self, request_iterator: AsyncIterator[pb.ConsumeRequest], context: aio.ServicerContext
     ) -> None:
         engine = self.engine
+        access = await self.gate.access(context)
         first = await context.read()
         await refuse_undecodable(first, context)
         if first is aio.EOF:
@@ -224,6 +252,10 @@ class BrokerService(pb_grpc.BrokerServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"prefetch must be > 0, got {sub.prefetch}",
             )
+        try:
+            access.check("consume", sub.queue)
+        except Denied as err:
+            await self.gate.deny(context, err)
         consumer_id = f"c-{uuid.uuid4().hex[:12]}"
         try:
             with engine.unit() as unit:

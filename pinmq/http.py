@@ -4,7 +4,9 @@
 stops answering). `GET /readyz` answers 200 when the node can take work and 503 when it
 cannot, with a JSON body that says why either way. The endpoint knows nothing of the node:
 it is handed a function that reports readiness, so it can sit above any node that has one.
-With a TLS context it serves HTTPS only.
+With a TLS context it serves HTTPS only. With security, every other path (metrics, a
+console: now or later) needs a user holding `manage` on every address, by HTTP basic
+authentication; the probes stay open.
 """
 
 from __future__ import annotations
@@ -16,8 +18,13 @@ from typing import Any
 
 from aiohttp import web
 
+from broker import credentials
+from broker.authenticator import FAILED, Authenticator
 from broker.config import NodeConfig
+from broker.permissions import Denied
 from broker.readiness import Readiness
+
+OPEN_PATHS = frozenset(("/healthz", "/readyz"))  # probes: no credentials asked
 
 
 def _json(status: int, body: dict[str, Any]) -> web.Response:
@@ -35,22 +42,51 @@ class HttpServer:
         node_id: str,
         readiness: Callable[[], Readiness],
         tls: ssl.SSLContext | None = None,
+        authenticator: Authenticator | None = None,
     ) -> None:
         self.address = address
         self._tls = tls
         self._node_id = node_id
         self._readiness = readiness
-        app = web.Application()
+        self._authenticator = authenticator
+        app = web.Application(middlewares=[self._guard] if authenticator is not None else [])
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
 
     @classmethod
-    def of(cls, config: NodeConfig, readiness: Callable[[], Readiness]) -> HttpServer:
+    def of(
+        cls,
+        config: NodeConfig,
+        readiness: Callable[[], Readiness],
+        authenticator: Authenticator | None = None,
+    ) -> HttpServer:
         """The node's listen.http, over TLS when the node has `tls`."""
         tls = config.tls
         context = tls.files().server_context("none") if tls is not None else None
-        return cls(config.listen.http, config.node.id, readiness, context)
+        return cls(config.listen.http, config.node.id, readiness, context, authenticator)
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """Every path but the probes: a user with `manage` on every address."""
+        if request.path in OPEN_PATHS:
+            return await handler(request)
+        assert self._authenticator is not None
+        peer = f"{request.remote}:{request.transport.get_extra_info('peername', ('', 0))[1]}"
+        given = credentials.parse(request.headers.get(credentials.AUTHORIZATION))
+        access = await self._authenticator.call(given, peer)
+        if access is None:
+            return web.Response(
+                status=401,
+                text=FAILED,
+                headers={"WWW-Authenticate": 'Basic realm="pinmq", charset="UTF-8"'},
+            )
+        try:
+            access.check_global("manage")
+        except Denied as err:
+            self._authenticator.denied(err, peer)
+            return web.Response(status=403, text=str(err))
+        return await handler(request)
 
     async def start(self) -> None:
         host, _, port = self.address.rpartition(":")

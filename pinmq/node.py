@@ -19,11 +19,13 @@ from grpc_health.v1 import health, health_pb2
 
 from broker import logs
 from broker.audit_schema import Kind
+from broker.authenticator import Authenticator
 from broker.config import NodeConfig
 from broker.core import CoreError
 from broker.engine import Engine, StartupError
 from broker.readiness import Readiness, assess
 from broker.sending import LocalSendPath, SendPath
+from broker.users import UsersFileError
 from cluster.admin import ClusterAdministration
 from cluster.claims import GroupClaims
 from cluster.ha import PairShell, grace_s
@@ -94,6 +96,7 @@ class Node:
         self._health: health.aio.HealthServicer | None = None
         self._stomp: StompServer | None = None
         self._http: HttpServer | None = None
+        self.authenticator: Authenticator | None = None  # with security: users, permissions
         self._serving = False
         self._tasks: list[asyncio.Task[None]] = []
         self._health_update: asyncio.Future[None] | None = None
@@ -107,15 +110,20 @@ class Node:
     async def start(self) -> None:
         """Open and replay the store, then serve; raises StartupError naming the culprit."""
         engine = self.engine
+        try:
+            self.authenticator = Authenticator.of(self.config.security, engine.audit)
+        except UsersFileError as err:
+            raise StartupError(str(err)) from None
         messages, orphans = engine.open()
         try:
             if self.config.cluster is not None:
                 self._build_cluster()
             admin = ClusterAdministration(self.cluster, self.handler) if self.cluster else None
-            self._server, self._health = make_server(engine, self.sending, admin)
-            self._stomp = StompServer(engine, self.sending)
+            gate = self.authenticator
+            self._server, self._health = make_server(engine, self.sending, admin, gate)
+            self._stomp = StompServer(engine, self.sending, gate)
             await self._stomp.start(accept=False)
-            self._http = HttpServer.of(self.config, self.readiness)
+            self._http = HttpServer.of(self.config, self.readiness, gate)
             await self._http.start()
         except OSError as err:
             if self._stomp is not None:
@@ -171,6 +179,8 @@ class Node:
         await self.engine.close()
         if self._http is not None:  # last: probes see "not ready" until the very end
             await self._http.stop()
+        if self.authenticator is not None:
+            self.authenticator.close()
         self.engine.close_audit()
         log.info("node stopped")
 

@@ -11,6 +11,7 @@ import asyncio
 import base64
 import dataclasses
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -319,10 +320,34 @@ def tls_files(args: argparse.Namespace) -> TlsFiles | None:
     return files
 
 
+def credentials(args: argparse.Namespace) -> tuple[str, str] | None:
+    """The user and password from --user and --password-file (or $PINMQ_USER and
+    $PINMQ_PASSWORD): None without a user. A password is never taken from argv."""
+    if not args.user:
+        if args.password_file:
+            raise UsageError("--password-file needs --user (or $PINMQ_USER)")
+        return None
+    if args.password_file:
+        try:
+            lines = Path(args.password_file).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as err:
+            reason = err.strerror if isinstance(err, OSError) else "not UTF-8 text"
+            raise UsageError(f"--password-file {args.password_file}: {reason}") from None
+        password = lines[0] if lines else ""
+    else:
+        password = os.environ.get("PINMQ_PASSWORD", "")
+    if not password:
+        raise UsageError(
+            f"no password for user {args.user!r}: give --password-file or set $PINMQ_PASSWORD"
+        )
+    return args.user, password
+
+
 async def run_client(args: argparse.Namespace) -> None:
     """Connect to the node `args.url` names and run the verb on it."""
     timeout = getattr(args, "call_timeout", CALL_TIMEOUT_S)
     audit = getattr(args, "audit", None)
+    user, password = credentials(args) or (None, None)
     async with Client(
         args.url,
         audit=audit,
@@ -330,6 +355,8 @@ async def run_client(args: argparse.Namespace) -> None:
         on_blocked=_notice(every_s=10.0),
         on_failover=_notice(),
         tls=tls_files(args),
+        user=user,
+        password=password,
     ) as client:
         await _VERBS[args.verb](client, args)
 

@@ -33,7 +33,7 @@ def _grouped(group: str, seq: int) -> dict[str, str]:
 
 def write_node_kinds(directory: Path) -> None:
     """sent, delivered, acked, released, rejected (a real core's Effects), moved, routed,
-    unbound (as `cluster/claims.py`, `cluster/sending.py` and `pinmq/node.py` write them)."""
+    unbound, denied (as `cluster/claims.py`, `cluster/sending.py` and `pinmq/node.py` write them)."""
     core = BrokerCore(parse_config("node: {id: n1}", "x"))
     core.create_queue("q", "q", QueueConfig(max_delivery_attempts=2))
     core.create_queue("held", "held", QueueConfig())
@@ -61,12 +61,16 @@ def write_node_kinds(directory: Path) -> None:
             target=f"{binding.queue}@{binding.node}",
             reason=str(RemovalReason.REAPED),
         )
+        log.denied("bob", "ipv4:127.0.0.1:5000", "send", "q")
 
 
 async def write_client_kinds(directory: Path, url: str) -> None:
     """client_sent, client_received (twice: a redelivery), client_acked, by a real client."""
     queue = unique("kinds")
-    async with Client(url, audit=directory, audit_name="kinds") as client:
+    # A node without security ignores the credentials; the client's events name its user.
+    async with Client(
+        url, audit=directory, audit_name="kinds", user="kinds", password="unchecked"
+    ) as client:
         await client.producer(queue, group_id="g").send("one")
         async with client.consumer(queue, name="worker") as consumer:
             first = await consumer.receive(5)

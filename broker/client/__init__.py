@@ -13,6 +13,7 @@ from broker.client.consumer import Consumer, Received
 from broker.client.errors import (
     AlreadyExists,
     ConnectionLost,
+    Forbidden,
     Full,
     InvalidArgument,
     NotFound,
@@ -20,6 +21,7 @@ from broker.client.errors import (
     PinmqError,
     Refused,
     RefusedForNow,
+    Unauthenticated,
     Unavailable,
 )
 from broker.client.info import ClusterGroups, ClusterStatus
@@ -41,6 +43,7 @@ __all__ = [
     "ConnectionLost",
     "Consumer",
     "ConsumerInfo",
+    "Forbidden",
     "Full",
     "GroupInfo",
     "HaPairStatus",
@@ -56,5 +59,6 @@ __all__ = [
     "RefusedForNow",
     "SyncClient",
     "TlsFiles",
+    "Unauthenticated",
     "Unavailable",
 ]

@@ -47,6 +47,8 @@ class Link(Protocol):
     audit: AuditLog | None
     call_timeout: float  # seconds a request may take before its outcome counts as unknown
     _broker: pb_grpc.BrokerStub
+    metadata: tuple[tuple[str, str], ...]  # every call's: the client's credentials, if any
+    user: str | None  # the user it authenticates as (in its audit events)
 
     @property
     def fails_over(self) -> bool: ...

@@ -237,7 +237,7 @@ class Consumer:
         """A new Consume stream on the client's connection, subscribed."""
         client = self._client
         generation, node = client.generation, client.target
-        call = client._broker.Consume()
+        call = client._broker.Consume(metadata=client.metadata)
         subscribe = pb.Subscribe(queue=self.queue, consumer_name=self.name, prefetch=self.prefetch)
         try:
             with contextlib.suppress(asyncio.InvalidStateError):  # it ended: the read says why
@@ -347,6 +347,7 @@ class Consumer:
             producer=mid.rpartition("/")[0] or None if mid else None,
             consumer=self.consumer_id,
             consumer_name=self.name,
+            user=self._client.user,
             **extra,
         )
 

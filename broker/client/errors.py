@@ -48,6 +48,16 @@ class Full(Refused):
     Nothing was done; the send may succeed once consumers have freed room."""
 
 
+class Forbidden(Refused):
+    """The client's user lacks the permission the request needs (the message names it and the
+    address); nothing was done."""
+
+
+class Unauthenticated(Refused):
+    """The node did not accept the client's credentials (an unknown user, a wrong password, or
+    none given to a node with security on); nothing was done."""
+
+
 class Unavailable(PinmqError):
     """No answer from a node, or a node that cannot do it now: a retry may succeed."""
 
@@ -72,6 +82,8 @@ _BY_CODE: dict[str, type[PinmqError]] = {
     "UNAVAILABLE": RefusedForNow,
     "DEADLINE_EXCEEDED": OutcomeUnknown,
     "RESOURCE_EXHAUSTED": Full,
+    "PERMISSION_DENIED": Forbidden,
+    "UNAUTHENTICATED": Unauthenticated,
 }
 
 

@@ -144,7 +144,7 @@ class Producer:
         it."""
         client = self._client
         target = client.target  # the node of this stream, wherever the client moves meanwhile
-        call = client._broker.SendStream()
+        call = client._broker.SendStream(metadata=client.metadata)
         credit = asyncio.Semaphore(window)
         failure: list[PinmqError] = []
         timer: list[asyncio.Timeout] = []  # the deadline now waited on: lifted while blocked
@@ -236,6 +236,7 @@ class Producer:
                 group=group,
                 group_seq=int(seq) if seq else None,
                 producer=self.producer_id,
+                user=self._client.user,
             )
 
     def _batches(self, items: Iterable[Item], batch_size: int) -> Iterator[list[pb.Message]]:

@@ -19,11 +19,18 @@ from broker.tls import TlsFiles
 class SyncClient:
     """Blocking wrapper for scripts: a Client on an event loop in a background thread."""
 
-    def __init__(self, url: str = DEFAULT_URL, *, tls: TlsFiles | None = None) -> None:
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        *,
+        tls: TlsFiles | None = None,
+        user: str | None = None,
+        password: str | None = None,
+    ) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
-        self._client = Client(url, tls=tls)
+        self._client = Client(url, tls=tls, user=user, password=password)
         self._producers: dict[tuple[str, str | None, bool], Producer] = {}
         try:
             self._run(self._client.connect())

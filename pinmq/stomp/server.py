@@ -18,6 +18,7 @@ import socket
 from typing import Any
 
 from broker import logs
+from broker.authenticator import Authenticator
 from broker.engine import Engine
 from broker.sending import SendPath
 from pinmq.stomp.protocol import CLOSE, Subscription
@@ -32,6 +33,16 @@ CLOSE_GRACE_S = 5.0  # to flush the last frames (ERROR, RECEIPT) before closing 
 log = logs.get("stomp")
 
 
+def _subject(writer: asyncio.StreamWriter) -> str | None:
+    """The common name of the client certificate the TLS handshake verified, if any."""
+    cert = writer.get_extra_info("peercert")
+    for rdn in (cert or {}).get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    return None
+
+
 def split_host_port(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
@@ -40,9 +51,12 @@ def split_host_port(address: str) -> tuple[str, int]:
 class StompServer:
     """Serves STOMP on `listen.stomp` for one node."""
 
-    def __init__(self, engine: Engine, sending: SendPath) -> None:
+    def __init__(
+        self, engine: Engine, sending: SendPath, authenticator: Authenticator | None = None
+    ) -> None:
         self.engine = engine
         self.sending = sending
+        self.authenticator = authenticator
         self.address = engine.config.listen.stomp
         self.connections: set[Connection] = set()
         self._server: asyncio.Server | None = None
@@ -86,7 +100,8 @@ class StompServer:
             await asyncio.gather(*late, return_exceptions=True)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = Connection(self.engine, self.sending, reader, writer, f"stomp-{next(self._ids)}")
+        session_id = f"stomp-{next(self._ids)}"
+        conn = Connection(self.engine, self.sending, reader, writer, session_id, self.authenticator)
         self.connections.add(conn)
         try:
             await conn.run()
@@ -104,6 +119,7 @@ class Connection:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         session_id: str,
+        authenticator: Authenticator | None,
     ) -> None:
         self.engine = engine
         self.reader = reader
@@ -112,7 +128,9 @@ class Connection:
         self.out: asyncio.Queue[Any] = asyncio.Queue()
         peer = writer.get_extra_info("peername")
         where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        self.session = Session(engine, sending, session_id, self.out, where)
+        self.session = Session(
+            engine, sending, session_id, self.out, where, authenticator, _subject(writer)
+        )
         self.session.on_closing = self._closing
         self.connect_timeout_ms = engine.config.stomp.connect_timeout_ms
         self.frame_timeout_ms = engine.config.stomp.frame_timeout_ms

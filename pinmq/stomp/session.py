@@ -23,11 +23,14 @@ from functools import partial
 from typing import Any
 
 from broker import validation
+from broker.access import OPEN, Access
+from broker.authenticator import FAILED, Authenticator
 from broker.clock import now_ns
 from broker.core import CoreError, QueueExists
 from broker.effects import Delivery
 from broker.engine import Engine
 from broker.message import GROUP_SEQ_HEADER, Outgoing
+from broker.permissions import Denied
 from broker.sending import SendPath
 from broker.store import StoreError
 from pinmq.stomp.frames import (
@@ -78,8 +81,13 @@ class Session:
         session_id: str,
         out: asyncio.Queue[Any],
         peer: str,
+        authenticator: Authenticator | None = None,
+        certificate: str | None = None,
     ) -> None:
         self.engine = engine
+        self.authenticator = authenticator  # None: security off, every client may do anything
+        self.certificate = certificate  # a verified client certificate's subject (common name)
+        self.access: Access = OPEN  # what this connection's user may do, once CONNECTed
         self.sending = sending
         self.unit = engine.unit()  # this connection's commands, committed by `flush`
         self.id = session_id
@@ -150,6 +158,11 @@ class Session:
                 except (ProtocolError, CoreError, StoreError) as err:
                     self.fail(str(err), frame.headers.get("receipt"))
                     return
+                except Denied as err:
+                    if self.authenticator is not None:
+                        self.authenticator.denied(err, self.peer)
+                    self.fail(str(err), frame.headers.get("receipt"))
+                    return
                 receipt = frame.headers.get("receipt")
                 if receipt is not None and frame.command not in ("CONNECT", "STOMP", "DISCONNECT"):
                     self._receipts.append(receipt)
@@ -176,7 +189,7 @@ class Session:
 
     # ---- frames ---------------------------------------------------------------------------
 
-    def _connect(self, frame: Frame) -> None:
+    def _connect(self, frame: Frame) -> Awaitable[None] | None:
         if self.version is not None:
             raise ProtocolError("already connected: a second CONNECT/STOMP frame")
         supported = ",".join(VERSIONS)
@@ -186,7 +199,7 @@ class Session:
                 f"supported protocol versions are {supported}",
                 headers={"version": supported},
             )
-            return
+            return None
         heart_beat = (
             negotiate_heart_beat(frame.headers.get("heart-beat"), self.settings.heart_beat_ms)
             if version != "1.0"
@@ -197,10 +210,32 @@ class Session:
             self.parser.escaping = True
             self.esc_key = self.esc_value = escape
         self._name = frame.headers.get("client-id") or f"{self.id}@{self.peer}"
-        headers = {"version": version, "server": SERVER, "session": self.id}
-        if version != "1.0":
-            headers["heart-beat"] = f"{heart_beat[0]},{heart_beat[1]}"
-        self._emit_after(None, encode_frame("CONNECTED", headers, version=version))
+        if self.authenticator is None:
+            self._connected()
+            return None
+        return self._login(self.authenticator, frame)
+
+    async def _login(self, authenticator: Authenticator, frame: Frame) -> None:
+        """CONNECT's login and passcode checked (off the loop), or a client certificate's
+        subject without a login; one answer to every failure, then close."""
+        login = frame.headers.get("login")
+        if login is None and self.certificate is not None:
+            access = authenticator.certificate(self.certificate, self.peer)
+        else:
+            access = await authenticator.login(login, frame.headers.get("passcode"), self.peer)
+        self._now = now_ns()
+        if access is None:
+            self.fail(FAILED)
+            return
+        self.access = access
+        self._connected()
+
+    def _connected(self) -> None:
+        assert self.version is not None
+        headers = {"version": self.version, "server": SERVER, "session": self.id}
+        if self.version != "1.0":
+            headers["heart-beat"] = f"{self.heart_beat[0]},{self.heart_beat[1]}"
+        self._emit_after(None, encode_frame("CONNECTED", headers, version=self.version))
 
     def _send(self, frame: Frame) -> Awaitable[None] | None:
         h = frame.headers
@@ -215,6 +250,7 @@ class Session:
                 validation.group_seq(seq)
         except validation.InvalidInput as err:
             raise ProtocolError(str(err)) from None
+        self.access.check_send((address,), self.engine.creates)
         message = Outgoing(address, body, headers, persistent)
         tx = h.get("transaction")
         if tx is None:
@@ -268,20 +304,12 @@ class Session:
                 f"unknown ack mode {mode[:40]!r}: expected auto, client or client-individual"
             )
         prefetch = prefetch_of(h, self.settings.default_prefetch)
-        if self._may_create(queue):
+        self.access.check("consume", queue)
+        if self.engine.creates(queue):
+            self.access.check("create", queue)
             return self._create_and_subscribe(queue, sub_id, mode, prefetch)
         self._register(queue, sub_id, mode, prefetch)
         return None
-
-    def _may_create(self, queue: str) -> bool:
-        """Whether SUBSCRIBE must auto-create `queue` (Artemis: auto-create-queues)."""
-        if self.engine.exists(queue):
-            return False
-        config = self.engine.config
-        if queue in config.addresses:
-            return False
-        rules = config.settings_for(queue)
-        return rules.auto_create_addresses and rules.auto_create_queues
 
     async def _create_and_subscribe(
         self, queue: str, sub_id: str, mode: str, prefetch: int

@@ -456,7 +456,7 @@ security:
         ("tls: {cert: a, key: b, ca: c, client-auth: maybe}", "tls.client-auth: got 'maybe'"),
         ("security: {roles: {'a#': {send: [x]}}}", "bad match pattern 'a#'"),
         ("security: {roles: {'#': {publish: [x]}}}", "security.roles.#.publish"),
-        ("security: {enabled: true, users-file: u.yaml}", "does not check users yet"),
+        ("security: {enabled: true}", "security.enabled needs security.users-file"),
     ],
 )
 def test_bad_tls_and_security_sections_are_named(text: str, said: str) -> None:

@@ -23,7 +23,8 @@ import stomp
 from cluster_nodes import ClusterNodes, grouping
 from conftest import NodeProcess, cli, get, node_command
 
-from broker.client import Client, ConnectionLost, TlsFiles
+from broker.client import Client, ConnectionLost, TlsFiles, Unauthenticated
+from broker.users import UserEntry, hash_password, write_users
 from pinmq.certs import write_certs
 from pinmq_pb import cluster_pb2 as cpb
 from pinmq_pb import cluster_pb2_grpc as cpb_grpc
@@ -37,7 +38,7 @@ WAIT_S = 15.0
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("tls") / "certs"
-    write_certs(directory, NODES, clients=["alice"])
+    write_certs(directory, NODES, clients=["alice", "mallory"])
     return directory
 
 
@@ -320,3 +321,27 @@ def test_the_cluster_listener_admits_only_the_clusters_nodes(
     # The cluster's own node certificate gets in.
     with cluster.nodes["n2"].channel(address) as channel:
         assert len(cpb_grpc.ClusterStub(channel).Inspect(cpb.InspectRequest(), timeout=5).nodes)
+
+
+async def test_under_client_auth_required_a_certificate_names_the_user(
+    tmp_path: Path, certs: Path
+) -> None:
+    """Security on, no password given: the verified certificate's subject is the user, if the
+    users file has it (alice); a certificate of the right CA for no user (mallory) gets in
+    nowhere."""
+    users = tmp_path / "users.yaml"
+    write_users(users, {"alice": UserEntry(hash_password("unused-Zq81"), ("admin",))})
+    extra = {
+        "node": {"id": "n1"},
+        "tls": tls_section(certs, "n1", "required"),
+        "security": {"enabled": True, "users-file": str(users)},
+    }
+    node = NodeProcess(tmp_path, extra).start()
+    try:
+        alice = trusting(certs, "alice")
+        assert await round_trip(node.url, alice, "by-cert") == ["m0", "m1", "m2"]
+        assert stomp_round_trip(node.stomp_port, alice, "by-cert-stomp") == ["over tls"]
+        with pytest.raises(Unauthenticated, match="authentication failed"):
+            await round_trip(node.url, trusting(certs, "mallory"), "by-cert")
+    finally:
+        node.kill()

@@ -11,6 +11,7 @@ from broker.config import NodeConfig
 from broker.config_file import parse_config
 from broker.core import BrokerCore
 from broker.effects import Effects
+from broker.engine import Engine
 from broker.sending import LocalSendPath
 from broker.streams import Outlets, ReceiptFor
 from broker.unit import Unit
@@ -32,7 +33,7 @@ class StubNode:
 
     def __init__(self) -> None:
         self.config = NodeConfig.model_validate({"node": {"id": "unit"}})
-        self.core = BrokerCore(self.config)
+        self.core = self._core = BrokerCore(self.config)  # `_core`: what `creates` reads
         self.outlets = Outlets(lambda: True)
         self.gate: asyncio.Future[None] | None = None
         self.sending = LocalSendPath()
@@ -47,8 +48,7 @@ class StubNode:
         self.outlets.push(fx.deliveries, receipts, [])
         return self.gate if any(m.persistent for m in fx.added) else None
 
-    def exists(self, name: str) -> bool:
-        return self.core.exists(name)
+    creates = Engine.creates  # the engine's own rule, over this stub's core and config
 
     def admit(self, addresses: Any) -> None:
         """Room for every send: the budget is the engine's (tests/node/test_address_full.py)."""

@@ -1,0 +1,145 @@
+"""Who a client is: a node's password checks, off the event loop and once per connection.
+
+An argon2id verification costs tens of milliseconds of CPU by design, so it never runs on
+the event loop: one worker thread does them in turn, and at most `MAX_WAITING` wait for it
+(more are refused at once). A burst of wrong passwords thus costs at most one core and
+clients already connected keep being served. A STOMP connection logs in once, at CONNECT.
+A gRPC client sends its credentials on every call; the node verifies them once per
+connection (peer) and user, then compares a keyed digest of the password (microseconds).
+A client certificate's subject (under `client-auth`) names a user without a password.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import secrets
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+
+from broker import logs
+from broker.access import Access
+from broker.audit import AuditLog
+from broker.config_security import SecuritySection
+from broker.credentials import Credentials
+from broker.permissions import Authorizer, Denied
+from broker.users import Principal, Users
+
+log = logs.get("security")
+
+MAX_WAITING = 64  # password checks queued for the worker; more are refused at once
+MAX_CONNECTIONS = 4096  # gRPC (peer, user) pairs whose verified password is remembered
+MAX_CAUSES = 1024  # distinct refusals logged once each (then forgotten, and logged again)
+FAILED = "authentication failed"  # the one answer to an unknown user, a wrong or no password
+
+
+class Authenticator:
+    """A node's users and permissions (`security`); one per node, shared by its listeners."""
+
+    def __init__(
+        self,
+        users: Users,
+        authorizer: Authorizer,
+        audit: AuditLog | None = None,
+    ) -> None:
+        self.users = users
+        self.authorizer = authorizer
+        self.audit = audit  # every refusal is a `denied` event
+        self._logged: set[tuple[str | None, ...]] = set()  # refusals warned of already
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="pinmq-login")
+        self._waiting = 0
+        self._shedding = False  # logged once per burst: "password checks refused"
+        self._key = secrets.token_bytes(32)  # keys the digests of verified passwords
+        self._verified: OrderedDict[tuple[str, str], tuple[bytes, int, Access]] = OrderedDict()
+
+    @classmethod
+    def of(cls, security: SecuritySection | None, audit: AuditLog | None) -> Authenticator | None:
+        """The node's authenticator; None when security is off. Raises UsersFileError."""
+        if security is None or not security.enabled:
+            return None
+        assert security.users_file is not None  # the config requires it
+        return cls(Users(security.users_file), Authorizer(security.roles), audit)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def access(self, principal: Principal) -> Access:
+        return Access(principal, self.authorizer)
+
+    async def login(self, user: str | None, password: str | None, peer: str) -> Access | None:
+        """A user's access if `password` is its password; None (logged, audited) if not."""
+        if self._waiting >= MAX_WAITING:
+            if not self._shedding:
+                self._shedding = True
+                log.warning("password checks refused: too many waiting", waiting=self._waiting)
+            self._failed(user, peer)
+            return None
+        self._waiting += 1
+        try:
+            loop = asyncio.get_running_loop()
+            principal = await loop.run_in_executor(
+                self._pool, self.users.authenticate, user, password
+            )
+        finally:
+            self._waiting -= 1
+            if self._waiting == 0:
+                self._shedding = False
+        if principal is None:
+            self._failed(user, peer)
+            return None
+        return self.access(principal)
+
+    def certificate(self, name: str, peer: str) -> Access | None:
+        """The access of the user a verified client certificate's subject names."""
+        principal = self.users.principal(name)
+        if principal is None:
+            self._failed(name, peer)
+            return None
+        return self.access(principal)
+
+    async def call(self, credentials: Credentials | None, peer: str) -> Access | None:
+        """A gRPC call's access: its credentials verified once per connection and user."""
+        if credentials is None:
+            self._failed(None, peer)
+            return None
+        key = (peer, credentials.user)
+        digest = hmac.digest(self._key, credentials.password.encode(), hashlib.sha256)
+        generation = self.users.generation()
+        known = self._verified.get(key)
+        if known is not None and known[1] == generation and hmac.compare_digest(known[0], digest):
+            self._verified.move_to_end(key)
+            return known[2]
+        access = await self.login(credentials.user, credentials.password, peer)
+        if access is not None:
+            self._verified[key] = (digest, generation, access)
+            if len(self._verified) > MAX_CONNECTIONS:
+                self._verified.popitem(last=False)
+        return access
+
+    def _failed(self, user: str | None, peer: str) -> None:
+        host = peer.rpartition(":")[0] or peer
+        self._warn_once(("login", user, host), "authentication failed", user=user, peer=peer)
+        if self.audit is not None:
+            self.audit.denied(user, peer)
+
+    def denied(self, err: Denied, peer: str) -> None:
+        """An operation refused for want of a permission: logged once per cause, audited."""
+        self._warn_once(
+            ("permission", err.user, err.permission, err.address),
+            "permission denied",
+            user=err.user,
+            permission=err.permission,
+            address=err.address,
+            peer=peer,
+        )
+        if self.audit is not None:
+            self.audit.denied(err.user, peer, err.permission, err.address)
+
+    def _warn_once(self, cause: tuple[str | None, ...], event: str, **fields: object) -> None:
+        if cause in self._logged:
+            return
+        if len(self._logged) >= MAX_CAUSES:
+            self._logged.clear()
+        self._logged.add(cause)
+        log.warning(event, **fields)
