@@ -33,7 +33,8 @@ def _grouped(group: str, seq: int) -> dict[str, str]:
 
 def write_node_kinds(directory: Path) -> None:
     """sent, delivered, acked, released, rejected (a real core's Effects), moved, routed,
-    unbound, denied (as `cluster/claims.py`, `cluster/sending.py` and `pinmq/node.py` write them)."""
+    unbound, denied (as `cluster/claims.py`, `cluster/sending.py`, `pinmq/node.py` and the
+    authenticator write them)."""
     core = BrokerCore(parse_config("node: {id: n1}", "x"))
     core.create_queue("q", "q", QueueConfig(max_delivery_attempts=2))
     core.create_queue("held", "held", QueueConfig())
