@@ -227,16 +227,6 @@ class AuditLog:
         if len(self._queue) >= BATCH_ENTRIES:
             self._wake.set()
 
-    def denied(
-        self,
-        user: str | None,
-        peer: str,
-        permission: str | None = None,
-        address: str | None = None,
-    ) -> None:
-        """A refused login (no permission) or operation (None address: on every address)."""
-        self.record(Kind.DENIED, user=user, peer=peer, permission=permission, address=address)
-
     def record(self, kind: Kind, **fields: Any) -> None:
         """Any other event (client events, `unbound`): fields of the schema (ValueError for
         others); None values are left out. `node` overrides the writer's (a client names the

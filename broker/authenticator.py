@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from broker import logs
 from broker.access import Access
 from broker.audit import AuditLog
+from broker.audit_schema import Kind
 from broker.config_security import SecuritySection
 from broker.credentials import Credentials
 from broker.permissions import Authorizer, Denied
@@ -121,7 +122,7 @@ class Authenticator:
         host = peer.rpartition(":")[0] or peer
         self._warn_once(("login", user, host), "authentication failed", user=user, peer=peer)
         if self.audit is not None:
-            self.audit.denied(user, peer)
+            self.audit.record(Kind.DENIED, user=user, peer=peer)
 
     def denied(self, err: Denied, peer: str) -> None:
         """An operation refused for want of a permission: logged once per cause, audited."""
@@ -134,7 +135,13 @@ class Authenticator:
             peer=peer,
         )
         if self.audit is not None:
-            self.audit.denied(err.user, peer, err.permission, err.address)
+            self.audit.record(
+                Kind.DENIED,
+                user=err.user,
+                peer=peer,
+                permission=err.permission,
+                address=err.address,
+            )
 
     def _warn_once(self, cause: tuple[str | None, ...], event: str, **fields: object) -> None:
         if cause in self._logged:

@@ -62,7 +62,7 @@ def write_node_kinds(directory: Path) -> None:
             target=f"{binding.queue}@{binding.node}",
             reason=str(RemovalReason.REAPED),
         )
-        log.denied("bob", "ipv4:127.0.0.1:5000", "send", "q")
+        log.record(Kind.DENIED, user="bob", peer="127.0.0.1:5000", permission="send", address="q")
 
 
 async def write_client_kinds(directory: Path, url: str) -> None:

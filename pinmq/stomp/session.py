@@ -24,7 +24,7 @@ from typing import Any
 
 from broker import validation
 from broker.access import OPEN, Access
-from broker.authenticator import FAILED, Authenticator
+from broker.authenticator import Authenticator
 from broker.clock import now_ns
 from broker.core import CoreError, QueueExists
 from broker.effects import Delivery
@@ -33,14 +33,13 @@ from broker.message import GROUP_SEQ_HEADER, Outgoing
 from broker.permissions import Denied
 from broker.sending import SendPath
 from broker.store import StoreError
+from pinmq.stomp.connect import Connecting
 from pinmq.stomp.frames import (
-    ESCAPING_VERSIONS,
     Frame,
     FrameError,
     FrameParser,
     Limits,
     encode_frame,
-    escape,
     escape_10_key,
     escape_10_value,
 )
@@ -52,16 +51,12 @@ from pinmq.stomp.protocol import (
     CLOSE,
     MAX_SUBSCRIPTIONS,
     SEND_ONLY,
-    SERVER,
-    VERSIONS,
     Close,
     ProtocolError,
     Settle,
     Subscription,
     Transactions,
     ack_target,
-    negotiate_heart_beat,
-    negotiate_version,
     prefetch_of,
     queue_name,
     required,
@@ -71,7 +66,7 @@ from pinmq.stomp.render import render_messages
 # ---- the session ------------------------------------------------------------------------------
 
 
-class Session:
+class Session(Connecting):
     """Protocol state of one STOMP connection; the server feeds it bytes and drains `out`."""
 
     def __init__(
@@ -188,54 +183,6 @@ class Session:
         return handler(frame)
 
     # ---- frames ---------------------------------------------------------------------------
-
-    def _connect(self, frame: Frame) -> Awaitable[None] | None:
-        if self.version is not None:
-            raise ProtocolError("already connected: a second CONNECT/STOMP frame")
-        supported = ",".join(VERSIONS)
-        version = negotiate_version(frame.headers.get("accept-version"))
-        if version is None:
-            self.fail(
-                f"supported protocol versions are {supported}",
-                headers={"version": supported},
-            )
-            return None
-        heart_beat = (
-            negotiate_heart_beat(frame.headers.get("heart-beat"), self.settings.heart_beat_ms)
-            if version != "1.0"
-            else (0, 0)
-        )
-        self.version, self.heart_beat = version, heart_beat
-        if version in ESCAPING_VERSIONS:
-            self.parser.escaping = True
-            self.esc_key = self.esc_value = escape
-        self._name = frame.headers.get("client-id") or f"{self.id}@{self.peer}"
-        if self.authenticator is None:
-            self._connected()
-            return None
-        return self._login(self.authenticator, frame)
-
-    async def _login(self, authenticator: Authenticator, frame: Frame) -> None:
-        """CONNECT's login and passcode checked (off the loop), or a client certificate's
-        subject without a login; one answer to every failure, then close."""
-        login = frame.headers.get("login")
-        if login is None and self.certificate is not None:
-            access = authenticator.certificate(self.certificate, self.peer)
-        else:
-            access = await authenticator.login(login, frame.headers.get("passcode"), self.peer)
-        self._now = now_ns()
-        if access is None:
-            self.fail(FAILED)
-            return
-        self.access = access
-        self._connected()
-
-    def _connected(self) -> None:
-        assert self.version is not None
-        headers = {"version": self.version, "server": SERVER, "session": self.id}
-        if self.version != "1.0":
-            headers["heart-beat"] = f"{self.heart_beat[0]},{self.heart_beat[1]}"
-        self._emit_after(None, encode_frame("CONNECTED", headers, version=self.version))
 
     def _send(self, frame: Frame) -> Awaitable[None] | None:
         h = frame.headers
