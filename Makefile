@@ -11,7 +11,7 @@ COMPOSE_PLUGIN := $(DOCKER_CONFIG)/cli-plugins/docker-compose
 export PINMQ_IMAGE ?= pinmq:latest
 
 .PHONY: up down up-docker down-docker up-local down-local image clean-data standalone test \
-	prerequisites lint proto bench bench-compare sim clean
+	prerequisites lint proto bench bench-compare sim clean secrets
 
 $(STAMP): pyproject.toml
 	@$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || \
@@ -21,9 +21,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test,deploy]'
 	touch $(STAMP)
 
+# The cluster's development secrets (deploy/dev_secrets.py), made once and reused: a CA and
+# the nodes' certificates (TLS on every listener, mutual TLS between nodes), the users file
+# with the user admin, whose password is shown once and kept in secrets/admin.password, and
+# secrets/client.env for the CLI (`source secrets/client.env`). secrets/ is git-ignored.
+SECRETS := secrets
+secrets: $(STAMP)
+	@$(BIN)/python deploy/dev_secrets.py $(SECRETS)
+
 # The cluster in containers (docker-compose.yml) when a Docker engine answers, else as local
 # processes; `make down` stops either (data kept: `make clean-data` removes it).
-up: $(STAMP)
+up: $(STAMP) secrets
 	@if docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory up-docker; else \
 		echo "make up: no Docker engine answers (docker info): starting local processes (make up-local)"; \
 		$(MAKE) --no-print-directory up-local; fi
@@ -41,15 +49,15 @@ $(COMPOSE_PLUGIN): $(STAMP)
 image: $(STAMP)
 	deploy/build-image.sh $(BIN)/python
 
-up-docker: $(COMPOSE_PLUGIN)
+up-docker: $(COMPOSE_PLUGIN) secrets
 	@docker image inspect $(PINMQ_IMAGE) >/dev/null 2>&1 || deploy/build-image.sh $(BIN)/python
 	docker compose up -d --wait
-	@$(BIN)/python deploy/endpoints.py
+	@$(BIN)/python deploy/endpoints.py $(SECRETS)
 
 down-docker: $(COMPOSE_PLUGIN)
 	docker compose down
 
-up-local: $(STAMP)
+up-local: $(STAMP) secrets
 	$(BIN)/pinmq up deploy/node1.yaml deploy/node1-backup.yaml deploy/node2.yaml deploy/node3.yaml
 
 down-local: $(STAMP)
@@ -58,12 +66,22 @@ down-local: $(STAMP)
 clean-data: $(STAMP)
 	@if docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory $(COMPOSE_PLUGIN) && docker compose down -v; fi
 	rm -rf data
+	@echo "make clean-data: $(SECRETS)/ kept (the CA, certificates, users and admin password); rm -rf $(SECRETS) to start over"
 
 standalone: $(STAMP)
 	$(BIN)/pinmq node --config deploy/standalone.yaml
 
-# Java for the Spark tests, a network namespace for the README tour: checked before installing.
+# Java for the Spark tests, a network namespace for the README tour, Chromium and its driver
+# for the console's browser test: checked before installing. The browser is installed here
+# when missing and apt-get can (Debian's chromium and chromium-driver, as root); otherwise
+# tests/prerequisites.py names it.
+BROWSER_PACKAGES := chromium chromium-driver
 prerequisites:
+	@if ! command -v chromedriver >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 \
+		&& [ "$$(id -u)" = 0 ]; then \
+		echo "make test: installing $(BROWSER_PACKAGES) for the console's browser test"; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+			--no-install-recommends $(BROWSER_PACKAGES); fi
 	@$(PY) tests/prerequisites.py
 
 # Most tests wait on processes, so TEST_WORKERS pytest-xdist workers run them side by side; the
@@ -71,7 +89,7 @@ prerequisites:
 # run whole on one worker each. TEST_WORKERS=0: one process, in order. Every run ends with its
 # 15 slowest tests (addopts in pyproject.toml).
 TEST_WORKERS ?= 4
-test: prerequisites $(STAMP) $(COMPOSE_PLUGIN)
+test: prerequisites $(STAMP) $(COMPOSE_PLUGIN) secrets
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports  # the layers and no import cycles: pyproject.toml, docs/architecture.md
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --ignore=tests/pipeline

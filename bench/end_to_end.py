@@ -15,10 +15,13 @@ latency, delivery rates while and after producing, the CPU used by the client pr
 node (per thread kind) and the rest of the machine, and PASS/FAIL for exactly-once delivery,
 per-group order and one consumer per group. `--audit` runs the node with its audit log on;
 `--persist-delivery-count` sets when delivery counts are stored before delivery.
+`--scrape-every S` runs each scenario twice per repeat, alone and while a thread scrapes the
+node's `GET /metrics` every S seconds (in turn first), and prints the medians of both and
+their ratios: what Prometheus costs the node under load.
 
 Usage: python bench/end_to_end.py [--quick | --messages N] [--layout shared|split] [--repeat R]
        [--groups G ...] [--modes persistent non-persistent] [--audit]
-       [--persist-delivery-count none|grouped|all]
+       [--persist-delivery-count none|grouped|all] [--scrape-every S]
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import tempfile
 import uuid
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +40,7 @@ from harness.clients import BODY_BYTES, Plan, group_name
 from harness.load import Outcome, add_load_args, hosts_for, print_outcome, run_load
 from harness.nodes import NodeProc, running_node
 from harness.procs import fsync_ms, run_main
+from harness.scrape import Scraper
 
 from broker.client import Client
 
@@ -87,18 +93,58 @@ async def measure(args: argparse.Namespace) -> tuple[bool, Best]:
                 for run in range(1, args.repeat + 1):
                     for groups in args.groups:
                         for persistent in (m == "persistent" for m in args.modes):
-                            p50, _ = fsync_ms(work)
-                            o = await scenario(client, node, n, groups, persistent, args)
-                            kind = "persistent" if persistent else "non-persistent"
-                            of = f" (run {run}/{args.repeat})" if args.repeat > 1 else ""
-                            label = f"{CONSUMERS} consumers, {groups} groups, {kind}{of}"
-                            print_outcome(label, o)
-                            print(f"  fsync just before       p50 {p50:.2f} ms")
-                            ok &= o.ok
-                            key = (groups, persistent)
-                            if key not in best or o.e2e_rate > best[key].e2e_rate:
-                                best[key] = o
+                            # With --scrape-every, each run twice, in turn scraped first or not.
+                            for scraped in _scraping(args.scrape_every, run):
+                                p50, _ = fsync_ms(work)
+                                http = node.listen["http"]
+                                scraper = Scraper(http, args.scrape_every) if scraped else None
+                                with scraper or nullcontext():
+                                    o = await scenario(client, node, n, groups, persistent, args)
+                                kind = "persistent" if persistent else "non-persistent"
+                                of = f" (run {run}/{args.repeat})" if args.repeat > 1 else ""
+                                label = f"{CONSUMERS} consumers, {groups} groups, {kind}{of}"
+                                print_outcome(f"{label}{', scraped' if scraped else ''}", o)
+                                print(f"  fsync just before       p50 {p50:.2f} ms")
+                                if scraper is not None:
+                                    print(f"  /metrics                {scraper.summary()}")
+                                ok &= o.ok
+                                key = (groups, persistent)
+                                if scraped:
+                                    SCRAPED.setdefault(key, ([], []))[1].append(o)
+                                    continue
+                                SCRAPED.setdefault(key, ([], []))[0].append(o)
+                                if key not in best or o.e2e_rate > best[key].e2e_rate:
+                                    best[key] = o
     return ok, best
+
+
+# (groups, persistent) -> (outcomes not scraped, outcomes scraped), with --scrape-every.
+SCRAPED: dict[tuple[int, bool], tuple[list[Outcome], list[Outcome]]] = {}
+
+
+def _scraping(every_s: float, run: int) -> tuple[bool, ...]:
+    """Which runs of a scenario scrape /metrics: none without --scrape-every, else both, the
+    scraped one first in every other repeat (so a drift of the machine weighs on both)."""
+    if not every_s:
+        return (False,)
+    return (False, True) if run % 2 else (True, False)
+
+
+def scraping_summary(every_s: float) -> None:
+    """Medians with and without a scrape every `every_s` seconds, and their ratios."""
+    print(f"\n== /metrics scraped every {every_s} s against not scraped, medians ==")
+    print(
+        f"{'groups':>7} {'mode':<15}{'e2e msg/s':>10}{'scraped':>10}{'ratio':>7}"
+        f"{'node CPU':>9}{'scraped':>9}{'ratio':>7}"
+    )
+    for (groups, persistent), (off, on) in SCRAPED.items():
+        rate = [statistics.median(o.e2e_rate for o in runs) for runs in (off, on)]
+        cpu = [statistics.median(o.nodes_cpu for o in runs) for runs in (off, on)]
+        print(
+            f"{groups:>7} {'persistent' if persistent else 'non-persistent':<15}"
+            f"{rate[0]:>10,.0f}{rate[1]:>10,.0f}{rate[1] / rate[0]:>7.3f}"
+            f"{cpu[0]:>8.2f}s{cpu[1]:>8.2f}s{cpu[1] / cpu[0]:>7.3f}"
+        )
 
 
 def summary(args: argparse.Namespace, ok: bool, best: Best) -> None:
@@ -128,6 +174,8 @@ def summary(args: argparse.Namespace, ok: bool, best: Best) -> None:
                 f"target >= {TARGET:,} persistent grouped msg/s end-to-end on 2 cores, "
                 f"{groups} groups: {o.e2e_rate:,.0f} -> {verdict}"
             )
+    if args.scrape_every:
+        scraping_summary(args.scrape_every)
     print(f"load average {os.getloadavg()[0]:.2f} at end; all checks {'PASS' if ok else 'FAIL'}")
 
 
@@ -151,6 +199,13 @@ def parser() -> argparse.ArgumentParser:
         default=["persistent", "non-persistent"],
     )
     parser.add_argument("--audit", action="store_true", help="the node writes its audit log")
+    parser.add_argument(
+        "--scrape-every",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="run each scenario also while GET /metrics is scraped every S s, and compare",
+    )
     parser.add_argument(
         "--persist-delivery-count",
         choices=("none", "grouped", "all"),

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.procs import end_workers, machine_cpu, next_event, proc_cpu, run_main
+from harness.reach import PLAIN, Reach
 from harness.stats import order_checks, passed
 from stomp_load import workers
 from stomp_load.activemq import Running, ensure_installed, running_activemq
@@ -100,8 +101,11 @@ class Outcome:
 # ---- one scenario -----------------------------------------------------------------------------
 
 
-def run_scenario(broker: str, target: Running, n: int, groups: int, mode: str) -> Outcome:
-    """Run one scenario on a fresh queue and verify what the consumers saw."""
+def run_scenario(
+    broker: str, target: Running, n: int, groups: int, mode: str, reach: Reach = PLAIN
+) -> Outcome:
+    """Run one scenario on a fresh queue and verify what the consumers saw (the clients speak
+    TLS and log in as `reach` says: bench/security.py's secured nodes)."""
     ctx = mp.get_context("spawn")
     dest = f"/queue/stompbench.{broker}.g{groups}.{mode}.{uuid.uuid4().hex[:6]}"
     events, send_go, sub_go = ctx.Queue(), ctx.Event(), ctx.Event()
@@ -111,7 +115,7 @@ def run_scenario(broker: str, target: Running, n: int, groups: int, mode: str) -
     procs = [
         ctx.Process(
             target=workers.consumer_main,
-            args=(host, port, dest, name, PREFETCH, n, acked, sub_go, events),
+            args=(host, port, dest, name, PREFETCH, n, acked, sub_go, events, reach),
             daemon=True,
         )
         for name in names
@@ -119,7 +123,7 @@ def run_scenario(broker: str, target: Running, n: int, groups: int, mode: str) -
     procs.append(
         ctx.Process(
             target=workers.producer_main,
-            args=(host, port, dest, n, groups, send_go, events),
+            args=(host, port, dest, n, groups, send_go, events, reach),
             daemon=True,
         )
     )
@@ -165,7 +169,7 @@ def run_scenario(broker: str, target: Running, n: int, groups: int, mode: str) -
             p.join(10)
     finally:
         end_workers(procs, events)
-    left = workers.drain(host, port, dest, CONSUMERS)
+    left = workers.drain(host, port, dest, CONSUMERS, reach)
     client_cpu = prod["cpu"] + sum(s.cpu for s in seen)
     end = max(s.end for s in seen)
     order = {name: i for i, name in enumerate(subscribed)}

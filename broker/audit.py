@@ -130,6 +130,11 @@ class AuditLog:
         # its quorum records nothing more (its events would interleave with its successor's).
         self.holding = holding
 
+    @property
+    def backlog(self) -> int:
+        """Entries (each one event or a batch of them) waiting for the writer thread."""
+        return len(self._queue)
+
     # ---- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> AuditLog:

@@ -1,22 +1,24 @@
 """Who a client is: a node's password checks, off the event loop and once per connection.
 
 An argon2id verification costs tens of milliseconds of CPU by design, so it never runs on
-the event loop: one worker thread does them in turn, and at most `MAX_WAITING` wait for it
-(more are refused at once). A burst of wrong passwords thus costs at most one core and
-clients already connected keep being served. A STOMP connection logs in once, at CONNECT.
-A gRPC client sends its credentials on every call; the node verifies them once per
-connection (peer) and user, then compares a keyed digest of the password (microseconds).
-A client certificate's subject (under `client-auth`) names a user without a password.
+the event loop: one worker thread does them, in turn by client host (`LoginQueue`: a burst
+from one host waits behind itself, not in front of the others, and past its bound or its
+budget of failures is refused at once). A burst of wrong passwords thus costs a few checks
+and then one a second, clients already connected keep being served, and a user whose
+password the node verified before gets in at once: the
+node keeps a keyed digest of each user's last verified password (until the users file
+changes) and compares that in microseconds, as RabbitMQ's credential cache does.
+A STOMP connection logs in once, at CONNECT. A gRPC client sends its credentials on every
+call; the node verifies them once per connection (peer) and user. A client certificate's
+subject (under `client-auth`) names a user without a password.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import secrets
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 
 from broker import logs
 from broker.access import Access
@@ -24,12 +26,12 @@ from broker.audit import AuditLog
 from broker.audit_schema import Kind
 from broker.config_security import SecuritySection
 from broker.credentials import Credentials
+from broker.login_queue import LoginQueue
 from broker.permissions import Authorizer, Denied
 from broker.users import Principal, Users
 
 log = logs.get("security")
 
-MAX_WAITING = 64  # password checks queued for the worker; more are refused at once
 MAX_CONNECTIONS = 4096  # gRPC (peer, user) pairs whose verified password is remembered
 MAX_CAUSES = 1024  # distinct refusals logged once each (then forgotten, and logged again)
 FAILED = "authentication failed"  # the one answer to an unknown user, a wrong or no password
@@ -48,11 +50,11 @@ class Authenticator:
         self.authorizer = authorizer
         self.audit = audit  # every refusal is a `denied` event
         self._logged: set[tuple[str | None, ...]] = set()  # refusals warned of already
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="pinmq-login")
-        self._waiting = 0
-        self._shedding = False  # logged once per burst: "password checks refused"
+        self._queue: LoginQueue[Principal | None] = LoginQueue()
         self._key = secrets.token_bytes(32)  # keys the digests of verified passwords
         self._verified: OrderedDict[tuple[str, str], tuple[bytes, int, Access]] = OrderedDict()
+        self._known: dict[str, bytes] = {}  # user -> digest of its last verified password
+        self._known_generation = -1  # of the users file the digests were verified against
 
     @classmethod
     def of(cls, security: SecuritySection | None, audit: AuditLog | None) -> Authenticator | None:
@@ -63,33 +65,43 @@ class Authenticator:
         return cls(Users(security.users_file), Authorizer(security.roles), audit)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._queue.close()
 
     def access(self, principal: Principal) -> Access:
         return Access(principal, self.authorizer)
 
     async def login(self, user: str | None, password: str | None, peer: str) -> Access | None:
         """A user's access if `password` is its password; None (logged, audited) if not."""
-        if self._waiting >= MAX_WAITING:
-            if not self._shedding:
-                self._shedding = True
-                log.warning("password checks refused: too many waiting", waiting=self._waiting)
+        digest = self._digest(password) if password is not None else None
+        if user is not None and digest is not None:
+            known = self._known.get(user)
+            if known is not None and hmac.compare_digest(known, digest):
+                principal = self.users.principal(user)
+                if principal is not None:
+                    return self.access(principal)
+        host = _host(peer)
+        if self._queue.full(host):
+            self._warn_once(
+                ("busy", host), "password checks refused: too many waiting or failed", peer=peer
+            )
             self._failed(user, peer)
             return None
-        self._waiting += 1
-        try:
-            loop = asyncio.get_running_loop()
-            principal = await loop.run_in_executor(
-                self._pool, self.users.authenticate, user, password
-            )
-        finally:
-            self._waiting -= 1
-            if self._waiting == 0:
-                self._shedding = False
+        principal = await self._queue.run(host, lambda: self.users.authenticate(user, password))
         if principal is None:
             self._failed(user, peer)
             return None
+        self._queue.succeeded(host)
+        if digest is not None and self._known_generation == self.users.generation():
+            self._known[principal.name] = digest  # verified against the file still in force
         return self.access(principal)
+
+    def _digest(self, password: str) -> bytes:
+        """A keyed digest of `password`; the kept ones are dropped when the users file changes."""
+        generation = self.users.generation()
+        if generation != self._known_generation:
+            self._known.clear()
+            self._known_generation = generation
+        return hmac.digest(self._key, password.encode(), hashlib.sha256)
 
     def certificate(self, name: str, peer: str) -> Access | None:
         """The access of the user a verified client certificate's subject names."""
@@ -105,8 +117,8 @@ class Authenticator:
             self._failed(None, peer)
             return None
         key = (peer, credentials.user)
-        digest = hmac.digest(self._key, credentials.password.encode(), hashlib.sha256)
-        generation = self.users.generation()
+        digest = self._digest(credentials.password)
+        generation = self._known_generation
         known = self._verified.get(key)
         if known is not None and known[1] == generation and hmac.compare_digest(known[0], digest):
             self._verified.move_to_end(key)
@@ -119,8 +131,7 @@ class Authenticator:
         return access
 
     def _failed(self, user: str | None, peer: str) -> None:
-        host = peer.rpartition(":")[0] or peer
-        self._warn_once(("login", user, host), "authentication failed", user=user, peer=peer)
+        self._warn_once(("login", user, _host(peer)), "authentication failed", user=user, peer=peer)
         if self.audit is not None:
             self.audit.record(Kind.DENIED, user=user, peer=peer)
 
@@ -150,3 +161,8 @@ class Authenticator:
             self._logged.clear()
         self._logged.add(cause)
         log.warning(event, **fields)
+
+
+def _host(peer: str) -> str:
+    """The host of a peer address (`host:port`, `[v6]:port`)."""
+    return peer.rpartition(":")[0] or peer

@@ -80,3 +80,11 @@ def listen(server: aio.Server, address: str, tls: TlsFiles | None, client_cert: 
         server.add_insecure_port(address)
     else:
         server.add_secure_port(address, tls.server_credentials(client_cert))
+
+
+def peer_of(context: aio.ServicerContext) -> str:
+    """A call's caller as `host:port` (grpc says `ipv4:host:port`), as the STOMP and HTTP
+    listeners name theirs."""
+    peer = context.peer()
+    scheme, colon, rest = peer.partition(":")
+    return rest if colon and scheme in ("ipv4", "ipv6") else peer

@@ -6,6 +6,7 @@ into a frozen `NodeConfig`, or says what is wrong with it.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from pathlib import Path
@@ -22,6 +23,7 @@ from pydantic_core import PydanticCustomError
 
 from broker import wildcard
 from broker.config_base import Strict, check_pattern
+from broker.config_metrics import MetricsSection
 from broker.config_security import SecuritySection, TlsSection
 from broker.tls import TlsFiles
 
@@ -87,13 +89,31 @@ class NodeSection(Strict):
         return value
 
 
+def on_loopback(address: str) -> bool:
+    """Whether a listen address (host:port) binds the loopback interface only: `localhost`,
+    127.0.0.0/8 or ::1. Any other host (a wildcard, another address, a host name) may be
+    reached from other machines."""
+    host = address.rpartition(":")[0].removeprefix("[").removesuffix("]")
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class ListenSection(Strict):
-    """Listener endpoints (host:port) for each protocol the node serves."""
+    """Listener endpoints (host:port) for each protocol the node serves.
+
+    Without `tls`, a listener off loopback is refused at start unless `allow-insecure` is
+    true: plain text where other machines can reach it must be asked for.
+    """
 
     client: HostPort = "127.0.0.1:7601"
     stomp: HostPort = "127.0.0.1:61613"
     cluster: HostPort = "127.0.0.1:7701"
     http: HostPort = "127.0.0.1:8161"
+    allow_insecure: bool = False
 
 
 class AddressConfig(Strict):
@@ -368,6 +388,7 @@ class NodeConfig(Strict):
     grouping_handler: GroupingHandlerSection | None = None
     log: LogSection = Field(default_factory=LogSection)
     audit: AuditSection = Field(default_factory=AuditSection)
+    metrics: MetricsSection = Field(default_factory=MetricsSection)
     ha: HaSection | None = None
     tls: TlsSection | None = None
     security: SecuritySection = Field(default_factory=SecuritySection)
@@ -439,6 +460,15 @@ class NodeConfig(Strict):
                     "this node at",
                 )
         return self
+
+    def listeners(self) -> dict[str, str]:
+        """The listeners the node binds, by key (`listen.client`: host:port, ...):
+        listen.cluster only with a cluster section (an ha pair's traffic rides on it too)."""
+        listen = self.listen
+        bound = {"listen.client": listen.client, "listen.stomp": listen.stomp}
+        if self.cluster is not None:
+            bound["listen.cluster"] = listen.cluster
+        return {**bound, "listen.http": listen.http}
 
     @property
     def tls_files(self) -> TlsFiles | None:

@@ -14,6 +14,7 @@ is live, and `_head` drops the stale entries it meets.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Sequence
 
@@ -23,6 +24,13 @@ from broker.effects import Delivery, Effects
 from broker.group_state import DETACHING, OWNED, OWNERSHIP, UNOWNED, Consumer, Group
 from broker.message import Message
 from broker.paging import Paging
+from broker.queue_stats import LATENCY_BOUNDS_NS, QueueTotals
+
+# A group joins the candidates for the top lagging groups (broker/lagging.py) each time its
+# backlog (in memory and paged) doubles from this on: a test per message, no walk of groups.
+DEEP = 8
+DEEP_CAP = 1024  # candidates kept at most, pruned to the deepest half beyond it: a scrape
+# ranks at most these (and metrics.top-groups is at most half of it)
 
 
 class Dispatcher:
@@ -43,6 +51,10 @@ class Dispatcher:
         self._ungrouped: deque[Message] = deque()
         self._pending = 0  # messages in memory, waiting for a consumer
         self._outstanding = 0  # delivered, not settled
+        self._mem_bytes = 0  # what its messages in memory count for, delivered or not
+        self._held: dict[Group, None] = {}  # held groups, oldest hold first
+        self._deep: dict[Group, None] = {}  # groups whose backlog grew past DEEP
+        self.totals = QueueTotals()
         self._next_delivery = 1
         self._paused = False  # group-rebalance-pause-dispatch in progress
         # The states whose group is unpinned once nothing of it is out: shared groups move on.
@@ -170,7 +182,15 @@ class Dispatcher:
         if not c.unacked:
             self._progress(c, now_ns)  # a stall is counted from the oldest unacked delivery
         c.unacked[did] = m
+        c.delivered += 1
         self._outstanding += 1
+        if m.delivery_count:
+            self.totals.redelivered += 1
+        else:  # its latency bucket, counted inline: this runs for every message
+            waited = now_ns - m.enqueued_ns
+            latency = self.totals.to_first_delivery
+            latency.counts[bisect_left(LATENCY_BOUNDS_NS, waited)] += 1
+            latency.sum += waited
         if g is not None:
             g.outstanding += 1
             g.last_use_ns = now_ns
@@ -218,6 +238,7 @@ class Dispatcher:
         meter.bytes += size
         if meter.node is not None:
             meter.node.bytes += size
+        self._mem_bytes += size
         self._pending += 1
         if g is None:
             self._ungrouped.append(m)
@@ -225,7 +246,20 @@ class Dispatcher:
             g.pending = deque((m,))
             self._schedule(g)
         else:
-            g.pending.append(m)
+            pending = g.pending
+            pending.append(m)
+            n = len(pending) + len(g.page) if g.page else len(pending)
+            if n >= DEEP and not n & (n - 1):
+                self._deepen(g)
+
+    def _deepen(self, g: Group) -> None:
+        """A group's backlog doubled: a candidate for the top lagging groups."""
+        deep = self._deep
+        deep[g] = None
+        if len(deep) > DEEP_CAP:  # amortised: at most once per DEEP_CAP / 2 new candidates
+            live = [x for x in deep if self._groups.get(x.key) is x]
+            live.sort(key=Group.backlog, reverse=True)
+            self._deep = dict.fromkeys(live[: DEEP_CAP // 2])
 
     def _refill(self, c: Consumer) -> None:
         """After credit came back: make the consumer eligible again."""
@@ -264,6 +298,7 @@ class Dispatcher:
             if m.delivery_count >= limit:
                 self._uncount(m)
                 fx.dead.append(m)
+                self.totals.dead_lettered += 1
             else:
                 fx.updated.append(m)
                 per_group.setdefault(m.group, []).append(m)
@@ -277,6 +312,8 @@ class Dispatcher:
                 g.pending = deque(msgs)
             else:
                 g.pending.extendleft(reversed(msgs))
+            if g.backlog() >= DEEP:  # grew by more than one: no doubling seen on the way
+                self._deepen(g)
         touched = dict.fromkeys(self._groups[m.group] for _, m in back if m.group is not None)
         for g in touched:
             g.last_use_ns = now_ns
@@ -302,6 +339,8 @@ class Dispatcher:
             self._schedule(g)
         elif g.outstanding == 0 and not g.page:
             del self._groups[g.key]
+            if g.state:  # held
+                del self._held[g]
 
     def _rebalance(self) -> None:
         for g in [g for g in self._groups.values() if g.owner is not None]:
@@ -319,3 +358,4 @@ class Dispatcher:
         meter.bytes -= m.size
         if meter.node is not None:
             meter.node.bytes -= m.size
+        self._mem_bytes -= m.size

@@ -31,8 +31,9 @@ from broker.clock import now_ns
 from broker.config import NodeConfig, QueueConfig
 from broker.core import BrokerCore, CoreError
 from broker.effects import Effects
-from broker.info import ConsumerInfo, GroupInfo
+from broker.info import ConsumerInfo, GroupInfo, LaggingGroup, QueueCounts
 from broker.pager import Pager
+from broker.queue_stats import QueueTotals
 from broker.room import Room
 from broker.store import Store, StoreError
 from broker.streams import Outlets, ReceiptFor
@@ -85,6 +86,13 @@ class QueueView(Protocol):
 
     @property
     def ungrouped_pending(self) -> int: ...
+
+    def counts(self) -> QueueCounts: ...
+
+    @property
+    def totals(self) -> QueueTotals: ...  # read them: the queue counts, never its reader
+
+    def lagging(self, k: int) -> tuple[list[LaggingGroup], list[LaggingGroup]]: ...
 
     def groups(self) -> list[GroupInfo]: ...
 

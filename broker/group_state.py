@@ -120,6 +120,10 @@ class Group:
         self.last_use_ns = 0
         self.slot: deque[Group] | None = None  # the run queue this group is in, if any
 
+    def backlog(self) -> int:
+        """Its messages waiting for delivery, in memory or paged."""
+        return (len(self.pending) if self.pending else 0) + (len(self.page) if self.page else 0)
+
     # ---- transitions (see the module doc) ---------------------------------------------------
 
     def pin(self, owner: Consumer) -> None:
@@ -171,8 +175,8 @@ def _key(g: Group) -> str:
 
 class Consumer:
     __slots__ = (
-        "closed", "dirty", "groups", "id", "name", "prefetch", "progress_ns", "ready", "stalled",
-        "unacked",
+        "acked", "closed", "delivered", "dirty", "groups", "id", "name", "prefetch", "progress_ns",
+        "ready", "stalled", "unacked",
     )  # fmt: skip
 
     def __init__(self, consumer_id: str, name: str, prefetch: int, now_ns: int) -> None:
@@ -188,3 +192,5 @@ class Consumer:
         # holding messages without progress for longer than slow-consumer-threshold stalls.
         self.progress_ns = now_ns
         self.stalled = False  # reported as stalled (Effects.stalled) since its last progress
+        self.delivered = 0  # deliveries to it, redeliveries included (metrics)
+        self.acked = 0

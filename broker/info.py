@@ -2,9 +2,10 @@
 
 The core fills these records, the gRPC shell turns them into protobuf messages
 (`pinmq/grpc_admin.py`), and the Python client turns those back into the same records
-(`broker/client/convert.py`), so a field means the same at every hop. Times are wall-clock
-nanoseconds (0: never); `last_use` reads one as a datetime. A leaf: it imports nothing of
-pinmq, so the client can share it.
+(`broker/client/convert.py`), so a field means the same at every hop; `/metrics` reads a
+queue's `QueueCounts` (`pinmq/metrics.py`). Times are wall-clock nanoseconds (0: never);
+`last_use` reads one as a datetime. A leaf: it imports nothing of pinmq, so the client can
+share it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,35 @@ class QueueInfo:
 
 
 @dataclass(slots=True, frozen=True)
+class QueueCounts:
+    """A queue's figures that it counts as messages move, so reading them walks nothing."""
+
+    pending: int  # waiting for delivery, paged ones included
+    in_flight: int  # delivered, not yet settled
+    paged: int  # on disk only
+    consumers: int
+    groups: int  # in the group table: with messages (waiting, paged or out), owned or held
+    owned: int  # groups pinned to a consumer
+    unowned_waiting: int  # groups with messages waiting (or paged) and no owner, held or not
+    held: int  # groups held while the node confirms where they are bound
+    memory_bytes: int  # what its messages in memory count for (pending and in flight)
+    in_flight_bytes: int  # of which delivered, not yet settled
+    oldest_ns: int  # when its oldest message in memory, waiting or out, was enqueued; 0: none
+
+
+@dataclass(slots=True, frozen=True)
+class LaggingGroup:
+    """A group among a queue's most lagging ones (broker/lagging.py): its backlog, and how long
+    its oldest waiting message has waited (`oldest_ns` 0: that message is paged, on disk)."""
+
+    group: str
+    backlog: int  # messages waiting, in memory or paged
+    oldest_ns: int  # when its oldest message in memory was enqueued
+    owner_name: str | None
+    held: bool
+
+
+@dataclass(slots=True, frozen=True)
 class GroupInfo:
     """A group in one queue's group table: who owns it, what it holds, when it was used."""
 
@@ -39,10 +69,15 @@ class GroupInfo:
     pending: int  # waiting for delivery, paged ones included
     outstanding: int  # delivered, not yet settled
     last_use_ns: int
+    oldest_pending_ns: int = 0  # its oldest message waiting in memory (0: none, or paged only)
 
     @property
     def last_use(self) -> datetime | None:
         return from_ns(self.last_use_ns)
+
+    @property
+    def oldest_pending(self) -> datetime | None:
+        return from_ns(self.oldest_pending_ns)
 
 
 @dataclass(slots=True, frozen=True)
@@ -56,6 +91,8 @@ class ConsumerInfo:
     unacked: int
     groups: int
     stalled_ms: int
+    delivered: int  # since it subscribed, redeliveries included
+    acked: int
 
 
 @dataclass(slots=True, frozen=True)
@@ -71,10 +108,15 @@ class ClusterGroupInfo:
     pending: int = 0
     outstanding: int = 0
     last_use_ns: int = 0
+    oldest_pending_ns: int = 0  # as GroupInfo's
 
     @property
     def last_use(self) -> datetime | None:
         return from_ns(self.last_use_ns)
+
+    @property
+    def oldest_pending(self) -> datetime | None:
+        return from_ns(self.oldest_pending_ns)
 
 
 def table_fields(g: GroupInfo | ClusterGroupInfo) -> dict[str, Any]:
@@ -86,6 +128,7 @@ def table_fields(g: GroupInfo | ClusterGroupInfo) -> dict[str, Any]:
         "pending": g.pending,
         "outstanding": g.outstanding,
         "last_use_unix_ms": g.last_use_ns // NS_PER_MS,
+        "oldest_pending_unix_ms": g.oldest_pending_ns // NS_PER_MS,
     }
 
 
@@ -97,6 +140,7 @@ def from_table_fields(m: Any) -> dict[str, Any]:
         "pending": m.pending,
         "outstanding": m.outstanding,
         "last_use_ns": m.last_use_unix_ms * NS_PER_MS,
+        "oldest_pending_ns": m.oldest_pending_unix_ms * NS_PER_MS,
     }
 
 

@@ -21,16 +21,20 @@ Invariants kept after every operation (checked by the stateful tests):
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Container, Sequence
+from itertools import chain
 
+from broker import lagging
 from broker.budget import Meter
 from broker.config import QueueConfig
-from broker.dispatch import Dispatcher
+from broker.dispatch import DEEP, Dispatcher
 from broker.effects import Effects
 from broker.group_state import HELD, Consumer, Group, by_key
 from broker.grouping import group_key
-from broker.info import ConsumerInfo, GroupInfo
+from broker.info import ConsumerInfo, GroupInfo, LaggingGroup, QueueCounts
 from broker.message import GROUP_SEQ_HEADER, Message
+from broker.queue_stats import LATENCY_BOUNDS_NS
 
 
 class QueueError(Exception):
@@ -63,15 +67,56 @@ class Queue(Dispatcher):
     def consumer_count(self) -> int:
         return len(self._consumers)
 
+    def counts(self) -> QueueCounts:
+        """For metrics: figures kept as messages move, so a scrape walks no group (only the
+        consumers, and the held groups, which are few but for a moment after a restart)."""
+        owned = sum(len(c.groups) for c in self._consumers.values())
+        # At most every consumer's prefetch: a walk at scrape time, not a count per message.
+        out_bytes = sum(m.size for c in self._consumers.values() for m in c.unacked.values())
+        held_idle = sum(
+            1 for g in self._held if g.owner is None and g.pending is None and not g.page
+        )
+        # The oldest: out to some consumer (each one's first delivery), ungrouped, or at the
+        # head of the group that waited longest (bounded: broker/lagging.py).
+        heads = [next(iter(c.unacked.values())) for c in self._consumers.values() if c.unacked]
+        if self._ungrouped:
+            heads.append(self._ungrouped[0])
+        times = [m.enqueued_ns for m in heads]
+        _, aged = self.lagging(1)
+        times += [g.oldest_ns for g in aged if g.oldest_ns]
+        return QueueCounts(
+            pending=self._pending + self.paged,
+            in_flight=self._outstanding,
+            paged=self.paged,
+            consumers=len(self._consumers),
+            groups=len(self._groups),
+            owned=owned,
+            unowned_waiting=len(self._groups) - owned - held_idle,
+            held=len(self._held),
+            memory_bytes=self._mem_bytes,
+            in_flight_bytes=out_bytes,
+            oldest_ns=min(times, default=0),
+        )
+
+    def lagging(self, k: int) -> tuple[list[LaggingGroup], list[LaggingGroup]]:
+        """The top `k` groups by backlog and by the age of their oldest waiting message
+        (broker/lagging.py): bounded work, whatever the number of groups."""
+        scan = 4 * k + 16
+        runs = [self._unowned, *(c.ready for c in self._consumers.values())]
+        heads_of = (lagging.heads(run, scan) for run in runs)
+        return lagging.rank(chain(self._deep, *heads_of, lagging.waiting(self._held, scan)), k)
+
     def groups(self) -> list[GroupInfo]:
         return [
             GroupInfo(
                 group=g.key,
                 owner=g.owner.id if g.owner else None,
                 owner_name=g.owner.name if g.owner else None,
-                pending=(len(g.pending) if g.pending else 0) + (len(g.page) if g.page else 0),
+                pending=g.backlog(),
                 outstanding=g.outstanding,
                 last_use_ns=g.last_use_ns,
+                # The front of its waiting messages is the oldest: paged ones are newer.
+                oldest_pending_ns=g.pending[0].enqueued_ns if g.pending else 0,
             )
             for g in self._groups.values()
         ]
@@ -86,6 +131,8 @@ class Queue(Dispatcher):
                 unacked=len(c.unacked),
                 groups=len(c.groups),
                 stalled_ms=(now_ns - c.progress_ns) // 1_000_000 if self._slow(c, now_ns) else 0,
+                delivered=c.delivered,
+                acked=c.acked,
             )
             for c in self._consumers.values()
         ]
@@ -116,6 +163,7 @@ class Queue(Dispatcher):
         """Queue a message; True if it was paged instead (kept on disk only, see
         broker/paging.py): because `may_page` (its address is full under PAGE), or because
         older messages of its group are."""
+        self.totals.enqueued += 1
         message.group = key = group_key(self.settings, message.headers)
         message.group_seq = _parse_seq(message.headers.get(GROUP_SEQ_HEADER))
         if key is None:
@@ -130,6 +178,9 @@ class Queue(Dispatcher):
             g.last_use_ns = now_ns
             if may_page or g.page:
                 self._paging.add(g, message)
+                n = g.backlog()
+                if n >= DEEP and not n & (n - 1):
+                    self._deepen(g)
                 return True
         self._keep(g, message)
         self._pump(now_ns, fx)
@@ -232,7 +283,7 @@ class Queue(Dispatcher):
         self._pump(now_ns, fx)
 
     def ack(self, consumer_id: str, delivery_ids: Sequence[int], now_ns: int, fx: Effects) -> None:
-        self._finish(consumer_id, delivery_ids, now_ns, fx, fx.removed)
+        self._finish(consumer_id, delivery_ids, now_ns, fx, True)
 
     def release(
         self, consumer_id: str, delivery_ids: Sequence[int], now_ns: int, fx: Effects
@@ -260,7 +311,7 @@ class Queue(Dispatcher):
         self, consumer_id: str, delivery_ids: Sequence[int], now_ns: int, fx: Effects
     ) -> None:
         """The consumer refuses the message: it goes to the dead-letter address or is dropped."""
-        self._finish(consumer_id, delivery_ids, now_ns, fx, fx.dead)
+        self._finish(consumer_id, delivery_ids, now_ns, fx, False)
 
     def _finish(
         self,
@@ -268,19 +319,30 @@ class Queue(Dispatcher):
         delivery_ids: Sequence[int],
         now_ns: int,
         fx: Effects,
-        into: list[Message],
+        acked: bool,
     ) -> None:
-        """Take delivered messages from their consumer for good (acked or rejected)."""
+        """Take delivered messages from their consumer for good (acked, or rejected)."""
         c = self._settling(consumer_id, delivery_ids)
         self._progress(c, now_ns)
+        into, latency = (fx.removed if acked else fx.dead), self.totals.to_ack
+        settled = 0
         for did in delivery_ids:
             m = c.unacked.pop(did, None)
             if m is None:
                 continue  # settled or returned already
+            settled += 1
             self._outstanding -= 1
             into.append(m)
+            if acked:  # its latency bucket, counted inline: this runs for every message
+                waited = now_ns - m.enqueued_ns
+                latency.counts[bisect_left(LATENCY_BOUNDS_NS, waited)] += 1
+                latency.sum += waited
             self._uncount(m)
             self._settle(m, now_ns)
+        if acked:
+            c.acked += settled
+        else:
+            self.totals.dead_lettered += settled
         self._refill(c)
         self._pump(now_ns, fx)
 
@@ -325,6 +387,7 @@ class Queue(Dispatcher):
             g = self._groups[group] = Group(group)
         if not g.state & HELD:
             g.hold()
+            self._held[g] = None
 
     def unhold(self, group: str, now_ns: int, fx: Effects) -> None:
         """The group is bound here after all: dispatch it again (nothing if it is not held)."""
@@ -332,6 +395,7 @@ class Queue(Dispatcher):
         if g is None or not g.state & HELD:
             return
         g.unhold()
+        del self._held[g]
         if g.pending is not None:
             self._schedule(g)
         else:
@@ -364,6 +428,7 @@ class Queue(Dispatcher):
             if g.owner is not None:
                 g.unpin()
             del self._groups[group]
+            del self._held[g]
         return taken
 
     # ---- the whole queue ----------------------------------------------------------------

@@ -67,6 +67,7 @@ from types import MappingProxyType
 import structlog
 
 from broker import sqlite_file, store_sql
+from broker.histogram import Histogram
 from broker.message import Message
 from broker.sqlite_file import Request, Requests
 from broker.store_reads import StoreError, StoreReads
@@ -90,6 +91,10 @@ JOURNAL_SIZE_LIMIT = 16 * 1024 * 1024
 CACHE_KIB = 16 * 1024
 BUSY_TIMEOUT_MS = 5000
 FULL_RETRY_S = 0.2  # how often a write that found the disk full tries again
+# /metrics' buckets: a commit's time in ns (an fsync takes from 0.1 ms to tens of ms), and the
+# operations of a batch (one to MAX_BATCH_OPS).
+COMMIT_BOUNDS_NS = tuple(int(ms * 1_000_000) for ms in (0.25, 0.5, 1, 2.5, 5, 10, 25, 100, 1000))
+BATCH_BOUNDS = (1, 4, 16, 64, 256, 1024, MAX_BATCH_OPS)
 
 # Request kinds handled by the writer thread: a `StoreWrite` record, or the close.
 _WRITE, _CLOSE = range(2)
@@ -110,6 +115,10 @@ class Store(StoreReads):
     ) -> None:
         self.path = path
         self.commits = 0
+        # For /metrics, kept by the writer thread: each transaction's time (BEGIN to COMMIT,
+        # the fsync included) and the operations it carried.
+        self.commit_ns = Histogram(COMMIT_BOUNDS_NS)
+        self.batch_ops = Histogram(BATCH_BOUNDS)
         self.compactions = 0
         self.waiting_for_space = False  # a write found the disk full and waits to retry
         self.free_bytes = 0  # free pages inside the file: room for messages, not yet the OS's
@@ -361,6 +370,7 @@ class Store(StoreReads):
 
     def _transaction(self, conn: sqlite3.Connection, batch: list[Request]) -> None:
         """Apply a batch in call order as one transaction; raises after rolling back."""
+        began = time.perf_counter_ns()
         conn.execute("BEGIN IMMEDIATE")
         try:
             max_id, deleted = store_sql.apply(conn, [r.payload for r in batch], self._max_id)
@@ -370,6 +380,8 @@ class Store(StoreReads):
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
             raise
+        self.commit_ns.observe(time.perf_counter_ns() - began)
+        self.batch_ops.observe(sum(r.size for r in batch))
         self._max_id = max_id
         self._deleted_since_compaction += deleted
         self.commits += 1

@@ -14,7 +14,6 @@ put in an error message.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 import threading
@@ -29,7 +28,7 @@ from argon2 import PasswordHasher, Type, extract_parameters
 from argon2.exceptions import InvalidHashError, VerificationError
 
 from broker import logs
-from broker.sqlite_file import fsync_dir
+from broker.atomic_file import write_atomically
 
 log = logs.get("security")
 
@@ -169,7 +168,7 @@ def render_users(users: Mapping[str, UserEntry]) -> str:
 
 
 def write_users(path: str | Path, users: Mapping[str, UserEntry]) -> None:
-    """Write a users file atomically: a 0600 temporary file beside it, fsynced, then renamed.
+    """Write a users file atomically (`write_atomically`, mode 0600).
 
     A reader sees the old file or the new one, never a part; the directory is created if
     missing.
@@ -179,24 +178,7 @@ def write_users(path: str | Path, users: Mapping[str, UserEntry]) -> None:
         fields = {"password": entry.password, "roles": list(entry.roles)}
         _entry(str(target), _name(str(target), name), fields)
     target.parent.mkdir(parents=True, exist_ok=True)
-    data = render_users(users).encode("utf-8")
-    temp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        try:
-            os.fchmod(fd, 0o600)  # exactly 0600, whatever the umask
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
-    fsync_dir(target.parent)
+    write_atomically(target, render_users(users).encode("utf-8"))
 
 
 @cache

@@ -82,6 +82,7 @@ def node_groups(
                     g.pending,
                     g.outstanding,
                     g.last_use_ns,
+                    g.oldest_pending_ns,
                 )
             )
     return rows

@@ -121,6 +121,8 @@ class Member(Voter):
         # The active it followed until it heard none, and stood against: a takeover (None
         # after a start, or when it was handed the node).
         self.took_over: str | None = None
+        self.elected = 0  # times it became the active process since it started
+        self.takeovers = 0  # of which it stood against an active that fell silent: failovers
 
     # ---- what the shell asks
 
@@ -331,6 +333,8 @@ class Member(Voter):
 
     def _activate(self, now: int) -> list[Send]:
         self._to(Event.ELECTED, now)
+        self.elected += 1
+        self.takeovers += self.took_over is not None
         self.active = self.name
         epoch = self.ballot.voted
         self.durable = Durable(data_epoch=epoch)
@@ -406,5 +410,7 @@ class Member(Voter):
             "epoch": self.epoch,
             "serving": self.may_serve(now),
             "active": self.name if active else self.active,
+            "elected": self.elected,
+            "takeovers": self.takeovers,
             **({"backup_in_sync": self.backup_in_sync} if active else {"in_sync": self.in_sync}),
         }

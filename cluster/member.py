@@ -37,6 +37,7 @@ from cluster.bridge import (
 from cluster.connector import SERVER_OPTIONS, GossipLink, run_connector
 from cluster.ha import PairShell, VoterRegistry
 from cluster.local import LocalEngine
+from cluster.node_certificates import cluster_server
 from cluster.replication import Replicator
 from cluster.routing import Router
 from cluster.service import ClusterService
@@ -84,7 +85,7 @@ class ClusterMember:
             self.node_id, self.address, self.handler_type, {}, 0, self._incarnation
         )
         self.topology.update(self._local)
-        self._server = aio.server(options=SERVER_OPTIONS)
+        self._server = cluster_server(self.tls, SERVER_OPTIONS)
         self._servicers: list[Callable[[aio.Server], None]] = []
         self._started = False
         self.stopping = False  # links ending now are this node's own doing: not news to log
@@ -235,7 +236,9 @@ class ClusterMember:
         return lambda: self._callbacks.remove(callback)
 
     def peer_address(self, node_id: str) -> str | None:
-        """How to reach a peer: the connector that reached it, else the address it announced."""
+        """How to reach a peer: a connector whose link to it is up, else the address it
+        announced. A connector's address is forgotten when its link goes down: after an ha
+        pair's failover it reaches the fenced process, which serves no forwarding."""
         if node_id in self._dialled:
             return self._dialled[node_id]
         state = self.topology.state(node_id)
@@ -267,12 +270,20 @@ class ClusterMember:
         self._links.discard(link)
         peer = link.peer
         links = self._peer_links.get(peer) if peer is not None else None
-        if links is None or link not in links:
+        if peer is None or links is None or link not in links:
             return
         links.discard(link)
+        if link.via is not None and self._dialled.get(peer) == link.via:
+            # That connector no longer reaches the peer: another live one may, else its
+            # announced address (an ha pair's new active process announces its own).
+            dialled = [other.via for other in links if other.via is not None]
+            if dialled:
+                self._dialled[peer] = dialled[0]
+            else:
+                del self._dialled[peer]
         if not links:
-            del self._peer_links[peer]  # type: ignore[arg-type]
-            if self.topology.disconnected(peer, time.time_ns()):  # type: ignore[arg-type]
+            del self._peer_links[peer]
+            if self.topology.disconnected(peer, time.time_ns()):
                 if not self.stopping:
                     log.info("cluster peer disconnected", peer=peer)
                 self._changed()
@@ -352,7 +363,8 @@ class ClusterMember:
         dirty = self._local_dirty
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(dirty.wait(), POLL_S)
+                async with asyncio.timeout(POLL_S):  # wait_for (3.11) may swallow a stop
+                    await dirty.wait()
             dirty.clear()
             self._publish()
             await asyncio.sleep(COALESCE_S)

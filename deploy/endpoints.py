@@ -2,8 +2,10 @@
 each node's client, STOMP and HTTP endpoints on the host, and a first send and consume.
 
 The endpoints are read from `docker compose ps` (the ports as published, whatever the
-PINMQ_<NODE>_<CLIENT|STOMP|HTTP>_PORT variables made of them), not assumed. Run with the
-venv's python, from the repository (`make up` does): `python deploy/endpoints.py`.
+PINMQ_<NODE>_<CLIENT|STOMP|HTTP>_PORT variables made of them), not assumed. The nodes speak
+TLS and clients log in: the status is asked with `make secrets`'s CA and admin password
+(from its file, never in argv), and the try line sources its client.env first. Run with the
+venv's python, from the repository (`make up` does): `python deploy/endpoints.py [SECRETS]`.
 """
 
 from __future__ import annotations
@@ -44,14 +46,19 @@ def published() -> dict[str, dict[str, str]]:
     return found
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
+    secrets = Path(argv[1] if len(argv) > 1 else "secrets")  # deploy/dev_secrets.py's
     endpoints = published()
     missing = sorted(set(ROLES) - endpoints.keys())
     if missing:
         print(f"not running: {', '.join(missing)} (docker compose ps)", file=sys.stderr)
         return 1
     pinmq = str(Path(sys.executable).parent / "pinmq")
-    status = subprocess.run([pinmq, "status", "--cluster", "--url", endpoints["node2"]["client"]])
+    access = ["--tls-ca", str(secrets / "ca.crt"), "--user", "admin"]
+    access += ["--password-file", str(secrets / "admin.password")]
+    status = subprocess.run(
+        [pinmq, "status", "--cluster", "--url", endpoints["node2"]["client"], *access]
+    )
     for name, role in ROLES.items():
         e = endpoints[name]
         print(
@@ -60,11 +67,12 @@ def main() -> int:
         )
     pair = f"{endpoints['node1']['client']},{endpoints['node1-backup']['client']}"
     print(
-        f"try: pinmq send orders --url {pair} --group g1 --count 5 --body hi && "
+        f"try: source {secrets / 'client.env'} && "
+        f"pinmq send orders --url {pair} --group g1 --count 5 --body hi && "
         f"pinmq consume orders --url {pair} --count 5 --json"
     )
     return status.returncode
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv))

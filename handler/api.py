@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import structlog
 
 from handler.records import Binding
+from handler.stats import HandlerStats
 
 if TYPE_CHECKING:
     from handler.bindings import BindingStore
@@ -73,6 +74,7 @@ class GroupingHandler(abc.ABC):
 
     def __init__(self) -> None:
         self._callbacks: list[RemovedCallback] = []
+        self.stats = HandlerStats()  # for /metrics (handler/stats.py)
 
     @abc.abstractmethod
     async def start(self) -> None:

@@ -146,19 +146,25 @@ class LocalHandler(GroupingHandler):
         """`decide` plus whether this proposal created the binding (the RPC's answer)."""
         store = self._require()
         key = (group, queue)
+        stats, asked = self.stats, time.monotonic_ns()
+        stats.proposals += 1
         binding, accepted = self.arbiter.propose(group, queue, node, self._clock())
         if accepted:
+            stats.created += 1
             write = store.put([binding])
             self._pending[key] = write
             write.add_done_callback(functools.partial(self._written, key, binding))
         else:
             write = self._pending.get(key)
             if write is None:
+                stats.decisions.observe(time.monotonic_ns() - asked)
                 return binding, False
         try:
             async with asyncio.timeout(self.config.timeout / 1000):
                 await asyncio.shield(write)
+            stats.decisions.observe(time.monotonic_ns() - asked)
         except TimeoutError:
+            stats.timeouts += 1
             raise DecisionTimeout(
                 f"no grouping decision for group {group!r} on queue {queue!r} within "
                 f"{self.config.timeout} ms: the bindings file {self.path} did not confirm the write"
@@ -245,6 +251,7 @@ class LocalHandler(GroupingHandler):
         for sub in self._subscribers:
             sub.push(removed, reason)
         log.info("bindings removed", reason=str(reason), count=len(removed))
+        self.stats.removed(str(reason), len(removed))
         self._notify(removed, reason)
 
     def subscribe(self, node: str) -> Subscriber:

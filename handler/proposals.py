@@ -69,6 +69,8 @@ class ProposalStream:
                 self._wake.clear()
                 batch, self._outbox = self._outbox, []
                 await self._call.write(pb.ProposeBatch(proposals=batch))
+        except asyncio.InvalidStateError:
+            return  # the call has ended: `_receive` reads its status, the failure's real cause
         except Exception as err:
             self._fail(err)
 

@@ -164,6 +164,8 @@ class RemoteHandler(GroupingHandler):
         group, queue = key
         why = ""  # the last attempt's failure: an attempt cut short by the deadline keeps it
         pause = 0.05
+        stats, asked = self.stats, self._clock()
+        stats.proposals += 1
         try:
             async with asyncio.timeout(self.config.timeout / 1000):
                 while True:
@@ -190,11 +192,14 @@ class RemoteHandler(GroupingHandler):
                             else:
                                 # With group-timeout -1 nothing is refreshed: never queue it.
                                 untracked = self.config.group_timeout < 0
-                                self._cache[key] = _Cached(binding, self._clock(), untracked)
+                                now = self._clock()
+                                self._cache[key] = _Cached(binding, now, untracked)
+                                stats.decisions.observe(now - asked)
                                 return binding
                     await asyncio.sleep(pause)
                     pause = min(pause * 2, self._reconnect_s)
         except TimeoutError:
+            stats.timeouts += 1
             if not why:
                 connected = self._channel is not None and (
                     self._channel.get_state() == grpc.ChannelConnectivity.READY

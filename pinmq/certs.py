@@ -16,7 +16,6 @@ import datetime
 import ipaddress
 import os
 import re
-import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,8 @@ from cryptography.hazmat.primitives.asymmetric.types import (
     PublicKeyTypes,
 )
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from broker.atomic_file import write_atomically
 
 CA_NAME = "pinmq development CA"
 CA_CERT = "ca.crt"
@@ -290,8 +291,8 @@ def _write_pair(
         serialization.NoEncryption(),
     )
     key_path, cert_path = directory / f"{name}.key", directory / f"{name}.crt"
-    _write_atomically(key_path, key_pem, KEY_MODE)
-    _write_atomically(cert_path, cert.public_bytes(serialization.Encoding.PEM), CERT_MODE)
+    write_atomically(key_path, key_pem, KEY_MODE)
+    write_atomically(cert_path, cert.public_bytes(serialization.Encoding.PEM), CERT_MODE)
     return [key_path, cert_path]
 
 
@@ -302,30 +303,3 @@ def _make_directory(directory: Path) -> None:
     except FileExistsError:
         return
     os.chmod(directory, DIR_MODE)
-
-
-def _write_atomically(path: Path, data: bytes, mode: int) -> None:
-    """Replace `path` with `data`: readers see the old file or the whole new one, never part.
-
-    The temporary file is created with `mode` already (a key is never readable by others,
-    not even for a moment), then set to exactly `mode` whatever the umask, and synced to disk
-    before it takes the name.
-    """
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
-    try:
-        with os.fdopen(fd, "wb") as file:
-            os.fchmod(file.fileno(), mode)
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    directory_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory_fd)  # the rename itself survives a crash
-    finally:
-        os.close(directory_fd)

@@ -4,7 +4,7 @@ Errors print one line `pinmq: error: ...` and exit 1 (2 for usage and config err
 `pinmq check` (pipeline/) exits 0 when the history is clean, 1 on violations, 2 on bad input.
 `pinmq user` (pinmq/users_cli.py) adds, removes and lists the users of a users file.
 `pinmq certs` (pinmq/certs.py) writes a development CA and node certificates.
-The verbs that talk to a node are `pinmq/verbs.py`.
+The verbs that talk to a node are `pinmq/verbs.py`, and `pinmq top` is `pinmq/top.py`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from rich.console import Console
 
 from broker.client import CALL_TIMEOUT_S, DEFAULT_URL, PinmqError
 from pinmq.verbs import UsageError, run_client
+
+TOP_TIMEOUT_S = 5.0  # `pinmq top`'s deadline per poll
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -69,16 +71,7 @@ def _parser() -> argparse.ArgumentParser:
 
     # consume and wait have a --timeout of their own (how long to wait); their calls keep the
     # default deadline.
-    deadline = argparse.ArgumentParser(add_help=False)
-    deadline.add_argument(
-        "--timeout",
-        dest="call_timeout",
-        type=_positive_float,
-        default=CALL_TIMEOUT_S,
-        metavar="S",
-        help="give up on the node's answer after S seconds: the outcome is then unknown "
-        "(default: %(default)s)",
-    )
+    deadline = _deadline(CALL_TIMEOUT_S)
 
     send = verbs.add_parser("send", parents=[client, deadline], help="send messages to an address")
     send.add_argument("address")
@@ -158,6 +151,36 @@ def _parser() -> argparse.ArgumentParser:
     )
     status.add_argument("--json", action="store_true", help="one JSON object")
 
+    top = verbs.add_parser(
+        "top",
+        # A frozen node shows as "stopped answering" after a few seconds, not after 30.
+        parents=[client, _deadline(TOP_TIMEOUT_S)],
+        help="a live view of the node's queues, rates, most lagging groups and stalled "
+        "consumers, until Ctrl-C (needs manage on every address, as /metrics)",
+    )
+    top.add_argument(
+        "--every",
+        type=_positive_float,
+        default=2.0,
+        metavar="S",
+        help="poll every S seconds (default: %(default)s)",
+    )
+    top.add_argument(
+        "--groups",
+        type=_positive,
+        default=10,
+        metavar="N",
+        help="the N groups with the most messages waiting and the N whose oldest waited "
+        "longest, across the queues (default: %(default)s)",
+    )
+    frames = top.add_mutually_exclusive_group()
+    frames.add_argument(
+        "--iterations", type=_positive, metavar="N", help="stop after N polls (default: never)"
+    )
+    frames.add_argument(
+        "--once", dest="iterations", action="store_const", const=1, help="one poll, then exit"
+    )
+
     check = verbs.add_parser(
         "check", help="check audit logs for loss, duplicates, order and exclusivity (PySpark)"
     )
@@ -231,6 +254,21 @@ def _parser() -> argparse.ArgumentParser:
         help="validity of the node and client certificates (default: %(default)s)",
     )
     return parser
+
+
+def _deadline(default: float) -> argparse.ArgumentParser:
+    """`--timeout S`: the deadline of each call to the node."""
+    deadline = argparse.ArgumentParser(add_help=False)
+    deadline.add_argument(
+        "--timeout",
+        dest="call_timeout",
+        type=_positive_float,
+        default=default,
+        metavar="S",
+        help="give up on the node's answer after S seconds: the outcome is then unknown "
+        "(default: %(default)s)",
+    )
+    return deadline
 
 
 def _positive_float(text: str) -> float:
@@ -328,13 +366,19 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(run_user(args))
     if args.verb == "certs":  # exit 0 written, 1 refused, 2 usage
         sys.exit(_run_certs(args))
+    if args.verb == "top":  # loads rich's live display and the metrics parser
+        from pinmq.top import run_top
+
+        verb = run_top
+    else:
+        verb = run_client
     try:
-        asyncio.run(run_client(args))
+        asyncio.run(verb(args))
     except PinmqError as err:
         print(f"pinmq: error: {err}", file=sys.stderr)
         sys.exit(2 if isinstance(err, UsageError) else 1)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    except KeyboardInterrupt:  # how `top` ends
+        sys.exit(0 if args.verb == "top" else 130)
 
 
 if __name__ == "__main__":

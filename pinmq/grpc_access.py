@@ -16,15 +16,19 @@ from grpc import aio
 from broker import credentials
 from broker.access import OPEN, Access
 from broker.authenticator import FAILED, Authenticator
+from broker.channels import peer_of
 from broker.permissions import Denied
-from pinmq.grpc_status import refuse
+from broker.refusals import Refusals
+from pinmq import grpc_status
 
 
 class Gate:
-    """The node's authenticator as the gRPC services use it."""
+    """The node's authenticator as the gRPC services use it, and the refusals they answer
+    (counted by reason for metrics)."""
 
-    def __init__(self, authenticator: Authenticator | None) -> None:
+    def __init__(self, authenticator: Authenticator | None, refusals: Refusals) -> None:
         self.authenticator = authenticator
+        self.refusals = refusals
 
     async def access(self, context: aio.ServicerContext) -> Access:
         """The caller's access; the call ends UNAUTHENTICATED if it has none."""
@@ -39,7 +43,7 @@ class Gate:
         else:
             access = await authenticator.call(given, peer)
         if access is None:
-            await refuse(context, grpc.StatusCode.UNAUTHENTICATED, FAILED)
+            await self.refuse(context, grpc.StatusCode.UNAUTHENTICATED, FAILED)
         return access  # type: ignore[return-value]
 
     def record(self, err: Denied, context: aio.ServicerContext) -> None:
@@ -50,14 +54,21 @@ class Gate:
     async def deny(self, context: aio.ServicerContext, err: Denied) -> NoReturn:
         """End the call PERMISSION_DENIED, naming the permission and the address."""
         self.record(err, context)
-        await refuse(context, grpc.StatusCode.PERMISSION_DENIED, str(err))
+        await self.refuse(context, grpc.StatusCode.PERMISSION_DENIED, str(err))
 
+    async def refuse(
+        self, context: aio.ServicerContext, code: grpc.StatusCode, message: str
+    ) -> NoReturn:
+        """End the call with the node's refusal (`pinmq/grpc_status.py`), counted."""
+        self.refusals.count("grpc", code.name)
+        await grpc_status.refuse(context, code, message)
 
-def peer_of(context: aio.ServicerContext) -> str:
-    """The caller's `host:port`, as the STOMP and http listeners name theirs."""
-    peer = context.peer()
-    scheme, colon, rest = peer.partition(":")
-    return rest if colon and scheme in ("ipv4", "ipv6") else peer
+    async def abort(self, context: aio.ServicerContext, err: Exception) -> NoReturn:
+        """End the call with the status `err` stands for, counted if it is a refusal."""
+        found = grpc_status.refusal(err)
+        if found is not None:
+            self.refusals.count("grpc", found[0].name)
+        await grpc_status.abort(context, err)
 
 
 def _subject(context: aio.ServicerContext) -> str | None:

@@ -4,15 +4,19 @@ Listings read the engine's queues (read-only views) and turn the node's records
 (`broker/info.py`) into protobuf messages here, the node's one edge between the two (the
 client's is `broker/client/convert.py`); changes go through the engine's commands. The
 cluster calls need `broker/admin.py`'s ClusterAdmin, which a standalone node does not have:
-they are refused.
+they are refused. `Metrics` answers what `GET /metrics` serves, from the same registry, so
+`pinmq top` reads the same figures Prometheus does over the client's own connection.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 from grpc import aio
+from prometheus_client import generate_latest
+from prometheus_client.registry import CollectorRegistry
 from pydantic import ValidationError
 
 from broker.access import Access
@@ -24,8 +28,8 @@ from broker.core import CoreError
 from broker.engine import Engine
 from broker.info import table_fields
 from broker.permissions import Denied
+from broker.readiness import Readiness
 from pinmq.grpc_access import Gate
-from pinmq.grpc_status import abort, refuse
 from pinmq_pb import client_pb2 as pb
 from pinmq_pb import client_pb2_grpc as pb_grpc
 
@@ -35,13 +39,26 @@ _SETTINGS_FIELDS = tuple(f.name for f in pb.QueueSettings.DESCRIPTOR.fields)
 
 class AdminService(pb_grpc.AdminServicer):
     """Each call needs a permission: `create`, `delete`, `browse` (listings) or `manage`
-    (resetting groups; the cluster's group map and status) on the queue's address, or on
-    every address for a call that names no queue."""
+    (resetting groups; the cluster's group map and status; metrics) on the queue's address,
+    or on every address for a call that names no queue.
 
-    def __init__(self, engine: Engine, admin: ClusterAdmin | None, gate: Gate) -> None:
+    `metrics`: the node's registry (`pinmq/metrics.py`); `readiness`: what `GET /readyz`
+    answers, whose reasons ClusterStatus reports too.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        admin: ClusterAdmin | None,
+        gate: Gate,
+        metrics: CollectorRegistry,
+        readiness: Callable[[], Readiness],
+    ) -> None:
         self.engine = engine
         self.admin = admin
         self.gate = gate
+        self.metrics = metrics
+        self.readiness = readiness
 
     async def _allowed(
         self, context: aio.ServicerContext, permission: Permission, address: str | None
@@ -68,7 +85,7 @@ class AdminService(pb_grpc.AdminServicer):
         self, request: pb.CreateQueueRequest, context: aio.ServicerContext
     ) -> pb.CreateQueueResponse:
         if not request.queue or not request.address:
-            await refuse(
+            await self.gate.refuse(
                 context, grpc.StatusCode.INVALID_ARGUMENT, "address and queue must not be empty"
             )
         await self._allowed(context, "create", request.address)
@@ -80,11 +97,13 @@ class AdminService(pb_grpc.AdminServicer):
                 f"{'.'.join(str(p) for p in e['loc']).replace('_', '-')}: {e['msg']}"
                 for e in err.errors()
             )
-            await refuse(context, grpc.StatusCode.INVALID_ARGUMENT, f"invalid settings: {problems}")
+            await self.gate.refuse(
+                context, grpc.StatusCode.INVALID_ARGUMENT, f"invalid settings: {problems}"
+            )
         try:
             await self.engine.create_queue(request.address, request.queue, settings)
         except Exception as err:
-            await abort(context, err)
+            await self.gate.abort(context, err)
         return pb.CreateQueueResponse()
 
     async def DeleteQueue(
@@ -94,7 +113,7 @@ class AdminService(pb_grpc.AdminServicer):
         try:
             removed = await self.engine.delete_queue(request.queue)
         except Exception as err:
-            await abort(context, err)
+            await self.gate.abort(context, err)
         return pb.DeleteQueueResponse(removed_messages=removed)
 
     async def ListQueues(
@@ -122,7 +141,7 @@ class AdminService(pb_grpc.AdminServicer):
         try:
             queue = self.engine.queue(request.queue)
         except CoreError as err:
-            await abort(context, err)
+            await self.gate.abort(context, err)
         groups = queue.groups()
         return pb.ListGroupsResponse(
             consumers=[
@@ -133,6 +152,8 @@ class AdminService(pb_grpc.AdminServicer):
                     unacked=c.unacked,
                     groups=c.groups,
                     stalled_ms=c.stalled_ms,
+                    delivered=c.delivered,
+                    acked=c.acked,
                 )
                 for c in queue.consumers(now_ns())
             ],
@@ -150,14 +171,14 @@ class AdminService(pb_grpc.AdminServicer):
             if unit.write is not None:
                 await unit.write
         except Exception as err:
-            await abort(context, err)
+            await self.gate.abort(context, err)
         return pb.ResetGroupsResponse()
 
     # ---- the cluster ----
 
     async def _clustered(self, context: aio.ServicerContext) -> ClusterAdmin:
         if self.admin is None:
-            await refuse(
+            await self.gate.refuse(
                 context,
                 grpc.StatusCode.FAILED_PRECONDITION,
                 "this node is not clustered (no cluster section)",
@@ -190,7 +211,7 @@ class AdminService(pb_grpc.AdminServicer):
         try:
             removed = await admin.reset_group(request.group, queue, request.force)
         except CoreError as err:
-            await abort(context, err)
+            await self.gate.abort(context, err)
         return pb.ClusterResetGroupResponse(removed=removed)
 
     async def ClusterStatus(
@@ -221,7 +242,15 @@ class AdminService(pb_grpc.AdminServicer):
                 )
                 for p in admin.ha()
             ],
+            not_ready=self.readiness().details["reasons"],
         )
+
+    async def Metrics(
+        self, request: pb.MetricsRequest, context: aio.ServicerContext
+    ) -> pb.MetricsResponse:
+        """As `GET /metrics` (the same permission): read now, on the loop, like a scrape."""
+        await self._allowed(context, "manage", None)
+        return pb.MetricsResponse(text=generate_latest(self.metrics).decode())
 
 
 def _settings_values(settings: pb.QueueSettings) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client.registry import CollectorRegistry
 
 from broker import channels, logs
 from broker.access import Access
@@ -28,6 +29,8 @@ from broker.effects import Delivery
 from broker.engine import Engine, NotServing
 from broker.message import Outgoing
 from broker.permissions import Denied
+from broker.readiness import Readiness
+from broker.refusals import Refusals
 from broker.sending import SendPath
 from broker.store import StoreError
 from broker.streams import ConsumerStream, Receipt
@@ -35,7 +38,7 @@ from broker.validation import InvalidInput, check_headers, check_size
 from pinmq.grpc_access import Gate
 from pinmq.grpc_admin import AdminService
 from pinmq.grpc_decode import refuse_undecodable, register
-from pinmq.grpc_status import Refused, abort, gone, refuse, status_of
+from pinmq.grpc_status import Refused, gone, status_of
 from pinmq_pb import client_pb2 as pb
 from pinmq_pb import client_pb2_grpc as pb_grpc
 
@@ -52,9 +55,14 @@ def make_server(
     engine: Engine,
     sending: SendPath,
     admin: ClusterAdmin | None,
-    authenticator: Authenticator | None = None,
+    authenticator: Authenticator | None,
+    *,
+    refusals: Refusals,
+    metrics: CollectorRegistry,
+    readiness: Callable[[], Readiness],
 ) -> tuple[aio.Server, health.aio.HealthServicer]:
-    """A gRPC server with the Broker, Admin and health services, bound to listen.client."""
+    """A gRPC server with the Broker, Admin and health services, bound to listen.client;
+    Admin answers with the node's `metrics` registry and `readiness` too."""
     limit = engine.config.limits.max_message_size
     server = aio.server(
         options=[
@@ -63,9 +71,10 @@ def make_server(
             *channels.serve_keepalive(),  # a frozen client is noticed, its deliveries go back
         ]
     )
-    gate = Gate(authenticator)
+    gate = Gate(authenticator, refusals)
     register(pb_grpc.add_BrokerServicer_to_server, BrokerService(engine, sending, gate), server)
-    register(pb_grpc.add_AdminServicer_to_server, AdminService(engine, admin, gate), server)
+    admin_service = AdminService(engine, admin, gate, metrics, readiness)
+    register(pb_grpc.add_AdminServicer_to_server, admin_service, server)
     health_service = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_service, server)
     address, tls = engine.config.listen.client, engine.config.tls
@@ -150,7 +159,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         except Denied as err:
             await self.gate.deny(context, err)
         except Exception as err:
-            await abort(context, err)
+            await self.gate.abort(context, err)
         return pb.SendResponse(msg_id=ids[0])
 
     async def SendBatch(
@@ -164,7 +173,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         except Denied as err:
             await self.gate.deny(context, err)
         except Exception as err:
-            await abort(context, err)
+            await self.gate.abort(context, err)
         return pb.SendBatchResponse(msg_ids=ids)
 
     async def SendStream(
@@ -204,6 +213,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                             code = err.code
                         else:
                             code = status_of(err)
+                        self.gate.refusals.count("grpc", code.name)
                         results.put_nowait(
                             pb.SendResult(batch=n, error_code=code.name, error_message=str(err))
                         )
@@ -225,6 +235,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                 except NotServing as err:
                     await gone(context, err)
                 except StoreError as err:
+                    self.gate.refusals.count("grpc", "UNAVAILABLE")
                     yield pb.SendResult(batch=n, error_code="UNAVAILABLE", error_message=str(err))
                     continue
                 yield pb.SendResult(batch=n, msg_ids=ids)
@@ -242,12 +253,12 @@ class BrokerService(pb_grpc.BrokerServicer):
         if first is aio.EOF:
             return
         if first.WhichOneof("kind") != "subscribe":
-            await refuse(
+            await self.gate.refuse(
                 context, grpc.StatusCode.INVALID_ARGUMENT, "the first message must be a Subscribe"
             )
         sub = first.subscribe
         if sub.prefetch <= 0:
-            await refuse(
+            await self.gate.refuse(
                 context,
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"prefetch must be > 0, got {sub.prefetch}",
@@ -261,7 +272,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             with engine.unit() as unit:
                 stream = unit.subscribe(sub.queue, consumer_id, sub.consumer_name, sub.prefetch)
         except CoreError as err:
-            await abort(context, err)
+            await self.gate.abort(context, err)
         tasks: list[asyncio.Task[Any]] = []
         try:
             await context.write(
@@ -276,10 +287,10 @@ class BrokerService(pb_grpc.BrokerServicer):
                 tasks[0].cancel()  # no new settles; those already taken get their receipts
                 await _owed_receipts_sent(stream, tasks[1])
                 code, reason = stream.ended.result()
-                await refuse(context, grpc.StatusCode[code], reason)
+                await self.gate.refuse(context, grpc.StatusCode[code], reason)
             for task in tasks:
                 if task.done() and task.exception() is not None:
-                    await abort(context, task.exception())  # type: ignore[arg-type]
+                    await self.gate.abort(context, task.exception())  # type: ignore[arg-type]
         finally:
             for task in tasks:
                 task.cancel()

@@ -36,16 +36,24 @@ async def refuse(context: aio.ServicerContext, code: grpc.StatusCode, message: s
     await context.abort(code, message, trailing_metadata=(REFUSED_METADATA,))
 
 
+def refusal(err: Exception) -> tuple[grpc.StatusCode, str] | None:
+    """The status and message a refusal for `err` carries; None: `err` is no refusal."""
+    if isinstance(err, Refused):
+        return err.code, str(err)
+    if isinstance(err, CoreError):
+        return status_of(err), str(err)
+    if isinstance(err, StoreError):
+        return grpc.StatusCode.UNAVAILABLE, f"store write failed: {err}"
+    if isinstance(err, MemoryError):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, "the node is out of memory"
+    return None
+
+
 async def abort(context: aio.ServicerContext, err: Exception) -> NoReturn:
     """End the call with the status that `err` stands for; unexpected errors propagate."""
-    if isinstance(err, Refused):
-        await refuse(context, err.code, str(err))
-    if isinstance(err, CoreError):
-        await refuse(context, status_of(err), str(err))
-    if isinstance(err, StoreError):
-        await refuse(context, grpc.StatusCode.UNAVAILABLE, f"store write failed: {err}")
-    if isinstance(err, MemoryError):
-        await refuse(context, grpc.StatusCode.RESOURCE_EXHAUSTED, "the node is out of memory")
+    found = refusal(err)
+    if found is not None:
+        await refuse(context, *found)
     if isinstance(err, NotServing):
         await gone(context, err)
     raise err

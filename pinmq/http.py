@@ -1,11 +1,13 @@
-"""The node's HTTP endpoint on `listen.http`: liveness and readiness for probes and operators.
+"""The node's HTTP endpoint on `listen.http`: probes, metrics and the console for operators.
 
 `GET /healthz` answers 200 while the node's event loop runs (liveness: restart me if this
 stops answering). `GET /readyz` answers 200 when the node can take work and 503 when it
-cannot, with a JSON body that says why either way. The endpoint knows nothing of the node:
-it is handed a function that reports readiness, so it can sit above any node that has one.
-With a TLS context it serves HTTPS only. With security, every other path (metrics, a
-console: now or later) needs a user holding `manage` on every address, by HTTP basic
+cannot, with a JSON body that says why either way. `GET /metrics` serves a Prometheus
+registry (`pinmq/metrics.py`) when handed one, and the web console's routes (`GET /` and its
+JSON, `pinmq/console.py`) are served when handed. The endpoint knows nothing of the node: it
+is handed a function that reports readiness, the registry and the routes, so it can sit above
+any node that has them. With a TLS context it serves HTTPS only. With security, every other
+path (metrics, the console) needs a user holding `manage` on every address, by HTTP basic
 authentication; the probes stay open.
 """
 
@@ -13,10 +15,12 @@ from __future__ import annotations
 
 import json
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from aiohttp import web
+from prometheus_client.aiohttp import make_aiohttp_handler
+from prometheus_client.registry import CollectorRegistry
 
 from broker import credentials
 from broker.authenticator import FAILED, Authenticator
@@ -34,7 +38,8 @@ def _json(status: int, body: dict[str, Any]) -> web.Response:
 
 
 class HttpServer:
-    """An aiohttp server for /healthz and /readyz; `start` raises OSError if it cannot bind."""
+    """An aiohttp server for /healthz, /readyz, with a registry /metrics, and any `routes`
+    handed (the console's); `start` raises OSError if it cannot bind."""
 
     def __init__(
         self,
@@ -43,6 +48,8 @@ class HttpServer:
         readiness: Callable[[], Readiness],
         tls: ssl.SSLContext | None = None,
         authenticator: Authenticator | None = None,
+        metrics: CollectorRegistry | None = None,
+        routes: Iterable[web.RouteDef] = (),
     ) -> None:
         self.address = address
         self._tls = tls
@@ -52,6 +59,9 @@ class HttpServer:
         app = web.Application(middlewares=[self._guard] if authenticator is not None else [])
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
+        if metrics is not None:  # its Accept header may ask for OpenMetrics or gzip
+            app.router.add_get("/metrics", make_aiohttp_handler(metrics))
+        app.router.add_routes(routes)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
 
     @classmethod
@@ -60,11 +70,15 @@ class HttpServer:
         config: NodeConfig,
         readiness: Callable[[], Readiness],
         authenticator: Authenticator | None = None,
+        metrics: CollectorRegistry | None = None,
+        routes: Iterable[web.RouteDef] = (),
     ) -> HttpServer:
         """The node's listen.http, over TLS when the node has `tls`."""
         tls = config.tls
         context = tls.files().server_context("none") if tls is not None else None
-        return cls(config.listen.http, config.node.id, readiness, context, authenticator)
+        return cls(
+            config.listen.http, config.node.id, readiness, context, authenticator, metrics, routes
+        )
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: Any) -> web.StreamResponse:

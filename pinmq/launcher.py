@@ -7,6 +7,7 @@ processes `up` started, and a second `up` refuses to start a node that is still 
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -156,10 +157,24 @@ def _summary(configs: list[NodeConfig], run_dir: Path, console: Console) -> None
     # was sent through, and its messages never move to another node's consumer.
     first = configs[0].listen.client
     console.print(
-        f"try: pinmq send orders --url {first} --group g1 --count 5 --body hi && "
+        f"try: {_client_settings(configs[0])}"
+        f"pinmq send orders --url {first} --group g1 --count 5 --body hi && "
         f"pinmq consume orders --url {first} --count 5 --json",
         markup=False,
     )
+
+
+def _client_settings(cfg: NodeConfig) -> str:
+    """What the try line starts with for a node with tls: `source DIR/client.env && ` when the
+    CA's directory has one (`make secrets` writes it: the CA, a user and its password for the
+    CLI), else `export PINMQ_TLS_CA=CA && ` (a node with security needs a user too: --user and
+    --password-file, or $PINMQ_USER and $PINMQ_PASSWORD)."""
+    if cfg.tls is None:
+        return ""
+    env_file = cfg.tls.ca.parent / "client.env"
+    if env_file.is_file():
+        return f"source {shlex.quote(str(env_file))} && "
+    return f"export PINMQ_TLS_CA={shlex.quote(str(cfg.tls.ca))} && "
 
 
 def down(run_dir: Path, console: Console, quiet: bool = False) -> int:

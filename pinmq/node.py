@@ -2,8 +2,9 @@
 
 It builds the engine (core + store, `broker/engine.py`), the send path (standalone or
 clustered), the cluster connections and the grouping handler when configured, and the
-protocol shells (gRPC, STOMP, HTTP) that reach them only through those seams. It owns the
-lifecycle: start in dependency order, stop in reverse, exit code for the process.
+protocol shells (gRPC, STOMP, HTTP with its console) that reach them only through those
+seams. It owns the lifecycle: start in dependency order, stop in reverse, exit code for the
+process.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from grpc import aio
 from grpc_health.v1 import health, health_pb2
+from prometheus_client.registry import CollectorRegistry
 
 from broker import logs
 from broker.audit_schema import Kind
@@ -24,6 +26,7 @@ from broker.config import NodeConfig
 from broker.core import CoreError
 from broker.engine import Engine, StartupError
 from broker.readiness import Readiness, assess
+from broker.refusals import Refusals
 from broker.sending import LocalSendPath, SendPath
 from broker.users import UsersFileError
 from cluster.admin import ClusterAdministration
@@ -36,8 +39,11 @@ from cluster.topology import Topology
 from handler.api import Binding, GroupingHandler, RemovalReason
 from handler.bindings import BindingStoreError
 from handler.factory import make_handler
+from pinmq.console import Console, ConsoleSources
 from pinmq.grpc_api import make_server, mark_serving
+from pinmq.grpc_connections import open_connections
 from pinmq.http import HttpServer
+from pinmq.metrics import NodeCollector
 from pinmq.stomp.server import StompServer
 
 REDISTRIBUTE_S = 0.5  # queues without consumers hand ungrouped messages on this often
@@ -97,6 +103,7 @@ class Node:
         self._stomp: StompServer | None = None
         self._http: HttpServer | None = None
         self.authenticator: Authenticator | None = None  # with security: users, permissions
+        self.refusals = Refusals()  # what the protocol shells refused, by reason (metrics)
         self._serving = False
         self._tasks: list[asyncio.Task[None]] = []
         self._health_update: asyncio.Future[None] | None = None
@@ -120,10 +127,20 @@ class Node:
                 self._build_cluster()
             admin = ClusterAdministration(self.cluster, self.handler) if self.cluster else None
             gate = self.authenticator
-            self._server, self._health = make_server(engine, self.sending, admin, gate)
-            self._stomp = StompServer(engine, self.sending, gate)
+            self._stomp = StompServer(engine, self.sending, gate, self.refusals)
             await self._stomp.start(accept=False)
-            self._http = HttpServer.of(self.config, self.readiness, gate)
+            metrics = self._metrics()  # one registry: GET /metrics and Admin.Metrics
+            self._server, self._health = make_server(
+                engine,
+                self.sending,
+                admin,
+                gate,
+                refusals=self.refusals,
+                metrics=metrics,
+                readiness=self.readiness,
+            )
+            console = Console(ConsoleSources(self.config.node.id, self.readiness, engine, admin))
+            self._http = HttpServer.of(self.config, self.readiness, gate, metrics, console.routes())
             await self._http.start()
         except OSError as err:
             if self._stomp is not None:
@@ -347,6 +364,29 @@ class Node:
             resources=self.engine.resources(),
             ha=self._ha_status(),
         )
+
+    def _metrics(self) -> CollectorRegistry:
+        """What `GET /metrics` and `pinmq top` read, at scrape time (`pinmq/metrics.py`)."""
+        collector = NodeCollector(
+            self.config.node.id,
+            self.engine,
+            self._connections,
+            self.cluster,
+            self._ha_status,
+            self.config.metrics.top_groups,
+            self.handler,
+            self.refusals,
+        )
+        return collector.registry()
+
+    def _connections(self) -> dict[str, int]:
+        """Open client connections per protocol (gRPC's as its channelz registry counts them)."""
+        stomp = self._stomp
+        counts = {"stomp": len(stomp.connections) if stomp is not None else 0}
+        grpc_open = open_connections(int(self.config.listen.client.rsplit(":", 1)[1]))
+        if grpc_open is not None:
+            counts["grpc"] = grpc_open
+        return counts
 
     def _ha_status(self) -> dict[str, Any] | None:
         cluster, pair = self.cluster, self.pair

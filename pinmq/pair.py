@@ -4,7 +4,8 @@ its failover member is active and holds its quorum, and follows the active proce
 Active: a full `Node` answering for the logical node id (node1), its writes replicated to the
 peer and gated by the failover shell (`cluster/ha.py`). Passive: a `Follower` of the active
 process's stores (`cluster/replica.py`), a cluster listener that answers failover messages
-only, and the HTTP endpoint; the client and STOMP listeners stay closed. The switch happens
+only, and the HTTP endpoint (its metrics: the pair member's state; its console says which
+process holds the node); the client and STOMP listeners stay closed. The switch happens
 whenever the member's role or quorum changes: a process that stops holding its quorum stops
 its node at once (it fences itself) and serves nothing until it is elected again.
 """
@@ -19,13 +20,19 @@ from typing import Any
 from grpc import aio
 
 from broker import channels, logs
+from broker.authenticator import Authenticator
 from broker.config import NodeConfig
 from broker.engine import StartupError
 from broker.readiness import Readiness
+from broker.users import UsersFileError
+from cluster.connector import SERVER_OPTIONS
 from cluster.failover_states import Role
 from cluster.ha import PairShell, PassiveService
+from cluster.node_certificates import cluster_server
 from cluster.replica import Follower, recover
+from pinmq.console import Console, ConsoleSources
 from pinmq.http import HttpServer
+from pinmq.metrics import NodeCollector
 from pinmq.node import Node
 from pinmq_pb import cluster_pb2_grpc as pb_grpc
 
@@ -47,6 +54,7 @@ class PairProcess:
         self._following: asyncio.Task[None] | None = None
         self._passive: aio.Server | None = None
         self._http: HttpServer | None = None
+        self._authenticator: Authenticator | None = None  # the passive HTTP's, with security
         self._lock = asyncio.Lock()
         self._stopping = False
         self._again = False
@@ -58,8 +66,9 @@ class PairProcess:
         # the failover shell included, relies on what the files hold.
         await asyncio.to_thread(recover, self.data_dir)
         try:
+            self._authenticator = Authenticator.of(self.config.security, None)
             await self._serve_passively()
-        except OSError as err:
+        except (OSError, UsersFileError) as err:
             raise StartupError(str(err)) from None
         self.shell.start()
         log.info("pair member started", **self.shell.describe())
@@ -74,6 +83,8 @@ class PairProcess:
                 self.node = None
             await self._stop_following()
             await self._stop_passive()
+        if self._authenticator is not None:
+            self._authenticator.close()
         log.info("pair member stopped", **self.shell.describe())
 
     # ---- switching between active and passive
@@ -149,14 +160,21 @@ class PairProcess:
 
     async def _serve_passively(self) -> None:
         if self._passive is None:
-            server = aio.server()
+            # As the active process's listener: peers' keepalive pings permitted (else a
+            # GOAWAY too_many_pings every few seconds), the port not shared.
+            server = cluster_server(self.shell.tls, SERVER_OPTIONS)
             pb_grpc.add_ClusterServicer_to_server(PassiveService(self.shell), server)
             # Mutual TLS, as on the active process's listener: only the cluster's own nodes.
             channels.listen(server, self.config.listen.cluster, self.shell.tls, client_cert=True)
             await server.start()
             self._passive = server
         if self._http is None:
-            http = HttpServer.of(self.config, self.readiness)
+            node_id = self.config.node.id
+            metrics = NodeCollector(node_id, ha=self._ha).registry()
+            console = Console(ConsoleSources(node_id, self.readiness))  # it says who serves
+            http = HttpServer.of(
+                self.config, self.readiness, self._authenticator, metrics, console.routes()
+            )
             await http.start()
             self._http = http
 
@@ -201,9 +219,7 @@ class PairProcess:
     def readiness(self) -> Readiness:
         if self.node is not None:
             return self.node.readiness()
-        ha: dict[str, Any] = dict(self.shell.describe())
-        if self.follower is not None:
-            ha.update(self.follower.status())
+        ha = self._ha()
         details = {
             "node": self.config.node.id,
             "role": "backup",
@@ -212,3 +228,10 @@ class PairProcess:
             "reasons": [f"passive: {ha.get('active') or 'no process'} holds the node"],
         }
         return Readiness(False, details)
+
+    def _ha(self) -> dict[str, Any]:
+        """The member's state, and while it follows, its replication's."""
+        ha: dict[str, Any] = dict(self.shell.describe())
+        if self.follower is not None:
+            ha.update(self.follower.status())
+        return ha

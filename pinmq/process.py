@@ -13,7 +13,7 @@ import gc
 import signal
 
 from broker import logs
-from broker.config import NodeConfig
+from broker.config import NodeConfig, on_loopback
 from broker.engine import StartupError
 from broker.tls import TlsError
 from pinmq.node import Node
@@ -23,14 +23,49 @@ log = logs.get("node")
 
 
 def check_transport(config: NodeConfig) -> None:
-    """Read the TLS files before anything binds: StartupError naming a file that cannot be
-    used, rather than failed handshakes later."""
+    """Before anything binds: read the TLS files (StartupError naming a file that cannot be
+    used, rather than failed handshakes later); without `tls`, refuse listeners that other
+    machines may reach unless `listen.allow-insecure` says to serve them unencrypted."""
     tls = config.tls_files
     if tls is not None:
         try:
             tls.check()
         except TlsError as err:
             raise StartupError(str(err)) from None
+        return
+    exposed = _exposed(config)
+    if exposed and not config.listen.allow_insecure:
+        verb = "is" if len(exposed) == 1 else "are"
+        raise StartupError(
+            f"{', '.join(exposed)} {verb} not on loopback and the node has no tls: configure "
+            "tls, or set listen.allow-insecure: true to serve unencrypted"
+        )
+
+
+def warn_unencrypted(config: NodeConfig) -> None:
+    """Once, when a node without `tls` has started: its listeners serve plain text."""
+    if config.tls is not None:
+        return
+    exposed = _exposed(config)
+    if exposed:
+        log.warning(
+            "serving unencrypted off loopback (listen.allow-insecure: true): no tls",
+            listeners=exposed,
+        )
+    else:
+        log.warning(
+            "serving unencrypted on loopback: no tls",
+            listeners=[f"{key} {address}" for key, address in config.listeners().items()],
+        )
+
+
+def _exposed(config: NodeConfig) -> list[str]:
+    """`listen.KEY host:port` of each listener not on loopback."""
+    return [
+        f"{key} {address}"
+        for key, address in config.listeners().items()
+        if not on_loopback(address)
+    ]
 
 
 async def serve(config: NodeConfig) -> int:
@@ -43,6 +78,7 @@ async def serve(config: NodeConfig) -> int:
     except StartupError as err:
         log.error("cannot start node", error=str(err))
         return 1
+    warn_unencrypted(config)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)

@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from broker.client import CALL_TIMEOUT_S, Client, PinmqError, Received
+from broker.client import CALL_TIMEOUT_S, Client, ClusterStatus, PinmqError, Received
 from broker.tls import TlsError, TlsFiles
 
 Printer = Callable[[str], None]
@@ -154,10 +154,10 @@ async def _queues(client: Client, _args: argparse.Namespace) -> None:
         if s["group_rebalance"]:
             summary += ", rebalance"
         table.add_row(q.name, q.address, str(q.depth), str(q.consumer_count), summary)
-    _console().print(table)
+    stdout_console().print(table)
 
 
-def _console() -> Console:
+def stdout_console() -> Console:
     """Tables at their natural width when piped, so no cell is cut (scripts grep them)."""
     return Console() if sys.stdout.isatty() else Console(width=400)
 
@@ -176,29 +176,39 @@ async def _groups(client: Client, args: argparse.Namespace) -> None:
         return
     if args.queue is None:
         raise UsageError("groups: a QUEUE is required without --cluster")
-    table = Table("group", "owner", "pending", "outstanding", "last use")
+    table = Table("group", "owner", "pending", "oldest pending", "outstanding", "last use")
     now = datetime.now(UTC)
     for g in await client.groups(args.queue):
         table.add_row(
             g.group,
             _owner(g.owner, g.owner_name),
             str(g.pending),
+            _ago(g.oldest_pending, now),
             str(g.outstanding),
             _ago(g.last_use, now),
         )
-    _console().print(table)
+    stdout_console().print(table)
     consumers = Table("consumer", "prefetch", "unacked", "groups", "stalled")
     for c in await client.consumers(args.queue):
         stalled = f"{c.stalled_ms / 1000:.1f}s: gets no new group" if c.stalled_ms else "-"
         consumers.add_row(
             _owner(c.consumer_id, c.name), *map(str, (c.prefetch, c.unacked, c.groups)), stalled
         )
-    _console().print(consumers)
+    stdout_console().print(consumers)
 
 
 async def _cluster_groups(client: Client, args: argparse.Namespace) -> None:
     listing = await client.cluster_groups(args.queue)
-    table = Table("group", "queue@node", "bound", "owner", "pending", "outstanding", "last use")
+    table = Table(
+        "group",
+        "queue@node",
+        "bound",
+        "owner",
+        "pending",
+        "oldest pending",
+        "outstanding",
+        "last use",
+    )
     now = datetime.now(UTC)
     for g in listing.groups:
         table.add_row(
@@ -207,10 +217,11 @@ async def _cluster_groups(client: Client, args: argparse.Namespace) -> None:
             "yes" if g.bound else "no",
             _owner(g.owner, g.owner_name),
             str(g.pending),
+            _ago(g.oldest_pending, now),
             str(g.outstanding),
             _ago(g.last_use, now),
         )
-    console = _console()
+    console = stdout_console()
     console.print(table)
     for problem in listing.problems:
         console.print(f"cluster problem: {problem}", style="bold red", markup=False)
@@ -267,6 +278,7 @@ async def _status(client: Client, args: argparse.Namespace) -> None:
                     },
                     "ha": [dataclasses.asdict(p) for p in status.ha],
                     "problems": status.problems,
+                    "not_ready": status.not_ready,
                 }
             )
         )
@@ -276,7 +288,7 @@ async def _status(client: Client, args: argparse.Namespace) -> None:
         consumers = sum(status.consumers.get(node, {}).values())
         linked = "yes" if status.connected[node] else "no"
         table.add_row(node, linked, status.handlers[node] or "-", str(consumers))
-    console = _console()
+    console = stdout_console()
     console.print(table)
     for p in status.ha:
         sync = "in sync" if p.backup_in_sync else "NOT in sync"
@@ -288,6 +300,13 @@ async def _status(client: Client, args: argparse.Namespace) -> None:
         )
     for problem in status.problems:
         console.print(f"cluster problem: {problem}", style="bold red", markup=False)
+    for reason in _not_ready(status):
+        console.print(f"not ready: {reason}", style="bold red", markup=False)
+
+
+def _not_ready(status: ClusterStatus) -> list[str]:
+    """Why the answering node is not ready, but the cluster problems (printed already)."""
+    return [r for r in dict.fromkeys(status.not_ready) if r not in status.problems]
 
 
 _VERBS = {
@@ -343,21 +362,25 @@ def credentials(args: argparse.Namespace) -> tuple[str, str] | None:
     return args.user, password
 
 
-async def run_client(args: argparse.Namespace) -> None:
-    """Connect to the node `args.url` names and run the verb on it."""
-    timeout = getattr(args, "call_timeout", CALL_TIMEOUT_S)
-    audit = getattr(args, "audit", None)
+def client_of(args: argparse.Namespace) -> Client:
+    """A client of the node `args.url` names, with the command line's TLS files,
+    credentials, deadline and audit directory: every verb connects the same way."""
     user, password = credentials(args) or (None, None)
-    async with Client(
+    return Client(
         args.url,
-        audit=audit,
-        call_timeout=timeout,
+        audit=getattr(args, "audit", None),
+        call_timeout=getattr(args, "call_timeout", CALL_TIMEOUT_S),
         on_blocked=_notice(every_s=10.0),
         on_failover=_notice(),
         tls=tls_files(args),
         user=user,
         password=password,
-    ) as client:
+    )
+
+
+async def run_client(args: argparse.Namespace) -> None:
+    """Connect to the node `args.url` names and run the verb on it."""
+    async with client_of(args) as client:
         await _VERBS[args.verb](client, args)
 
 

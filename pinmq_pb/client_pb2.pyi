@@ -239,36 +239,42 @@ class ListGroupsRequest(_message.Message):
     def __init__(self, queue: _Optional[str] = ...) -> None: ...
 
 class GroupInfo(_message.Message):
-    __slots__ = ("group", "owner_consumer_id", "owner_name", "pending", "outstanding", "last_use_unix_ms")
+    __slots__ = ("group", "owner_consumer_id", "owner_name", "pending", "outstanding", "last_use_unix_ms", "oldest_pending_unix_ms")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     OWNER_CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
     OWNER_NAME_FIELD_NUMBER: _ClassVar[int]
     PENDING_FIELD_NUMBER: _ClassVar[int]
     OUTSTANDING_FIELD_NUMBER: _ClassVar[int]
     LAST_USE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_PENDING_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     group: str
     owner_consumer_id: str
     owner_name: str
     pending: int
     outstanding: int
     last_use_unix_ms: int
-    def __init__(self, group: _Optional[str] = ..., owner_consumer_id: _Optional[str] = ..., owner_name: _Optional[str] = ..., pending: _Optional[int] = ..., outstanding: _Optional[int] = ..., last_use_unix_ms: _Optional[int] = ...) -> None: ...
+    oldest_pending_unix_ms: int
+    def __init__(self, group: _Optional[str] = ..., owner_consumer_id: _Optional[str] = ..., owner_name: _Optional[str] = ..., pending: _Optional[int] = ..., outstanding: _Optional[int] = ..., last_use_unix_ms: _Optional[int] = ..., oldest_pending_unix_ms: _Optional[int] = ...) -> None: ...
 
 class ConsumerInfo(_message.Message):
-    __slots__ = ("consumer_id", "name", "prefetch", "unacked", "groups", "stalled_ms")
+    __slots__ = ("consumer_id", "name", "prefetch", "unacked", "groups", "stalled_ms", "delivered", "acked")
     CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     PREFETCH_FIELD_NUMBER: _ClassVar[int]
     UNACKED_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     STALLED_MS_FIELD_NUMBER: _ClassVar[int]
+    DELIVERED_FIELD_NUMBER: _ClassVar[int]
+    ACKED_FIELD_NUMBER: _ClassVar[int]
     consumer_id: str
     name: str
     prefetch: int
     unacked: int
     groups: int
     stalled_ms: int
-    def __init__(self, consumer_id: _Optional[str] = ..., name: _Optional[str] = ..., prefetch: _Optional[int] = ..., unacked: _Optional[int] = ..., groups: _Optional[int] = ..., stalled_ms: _Optional[int] = ...) -> None: ...
+    delivered: int
+    acked: int
+    def __init__(self, consumer_id: _Optional[str] = ..., name: _Optional[str] = ..., prefetch: _Optional[int] = ..., unacked: _Optional[int] = ..., groups: _Optional[int] = ..., stalled_ms: _Optional[int] = ..., delivered: _Optional[int] = ..., acked: _Optional[int] = ...) -> None: ...
 
 class ListGroupsResponse(_message.Message):
     __slots__ = ("groups", "consumers")
@@ -299,7 +305,7 @@ class ClusterGroupsRequest(_message.Message):
     def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ...) -> None: ...
 
 class ClusterGroupInfo(_message.Message):
-    __slots__ = ("group", "queue", "node", "bound", "owner_consumer_id", "owner_name", "pending", "outstanding", "last_use_unix_ms")
+    __slots__ = ("group", "queue", "node", "bound", "owner_consumer_id", "owner_name", "pending", "outstanding", "last_use_unix_ms", "oldest_pending_unix_ms")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
@@ -309,6 +315,7 @@ class ClusterGroupInfo(_message.Message):
     PENDING_FIELD_NUMBER: _ClassVar[int]
     OUTSTANDING_FIELD_NUMBER: _ClassVar[int]
     LAST_USE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_PENDING_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     group: str
     queue: str
     node: str
@@ -318,7 +325,8 @@ class ClusterGroupInfo(_message.Message):
     pending: int
     outstanding: int
     last_use_unix_ms: int
-    def __init__(self, group: _Optional[str] = ..., queue: _Optional[str] = ..., node: _Optional[str] = ..., bound: _Optional[bool] = ..., owner_consumer_id: _Optional[str] = ..., owner_name: _Optional[str] = ..., pending: _Optional[int] = ..., outstanding: _Optional[int] = ..., last_use_unix_ms: _Optional[int] = ...) -> None: ...
+    oldest_pending_unix_ms: int
+    def __init__(self, group: _Optional[str] = ..., queue: _Optional[str] = ..., node: _Optional[str] = ..., bound: _Optional[bool] = ..., owner_consumer_id: _Optional[str] = ..., owner_name: _Optional[str] = ..., pending: _Optional[int] = ..., outstanding: _Optional[int] = ..., last_use_unix_ms: _Optional[int] = ..., oldest_pending_unix_ms: _Optional[int] = ...) -> None: ...
 
 class ClusterGroupsResponse(_message.Message):
     __slots__ = ("groups", "unreachable", "problems")
@@ -370,16 +378,18 @@ class ClusterNodeStatus(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., connected: _Optional[bool] = ..., handler: _Optional[str] = ..., consumers: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class ClusterStatusResponse(_message.Message):
-    __slots__ = ("node_id", "nodes", "problems", "ha")
+    __slots__ = ("node_id", "nodes", "problems", "ha", "not_ready")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     PROBLEMS_FIELD_NUMBER: _ClassVar[int]
     HA_FIELD_NUMBER: _ClassVar[int]
+    NOT_READY_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     nodes: _containers.RepeatedCompositeFieldContainer[ClusterNodeStatus]
     problems: _containers.RepeatedScalarFieldContainer[str]
     ha: _containers.RepeatedCompositeFieldContainer[HaPairStatus]
-    def __init__(self, node_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[ClusterNodeStatus, _Mapping]]] = ..., problems: _Optional[_Iterable[str]] = ..., ha: _Optional[_Iterable[_Union[HaPairStatus, _Mapping]]] = ...) -> None: ...
+    not_ready: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[ClusterNodeStatus, _Mapping]]] = ..., problems: _Optional[_Iterable[str]] = ..., ha: _Optional[_Iterable[_Union[HaPairStatus, _Mapping]]] = ..., not_ready: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HaPairStatus(_message.Message):
     __slots__ = ("logical", "epoch", "active", "backup", "backup_in_sync", "from_active")
@@ -396,3 +406,13 @@ class HaPairStatus(_message.Message):
     backup_in_sync: bool
     from_active: bool
     def __init__(self, logical: _Optional[str] = ..., epoch: _Optional[int] = ..., active: _Optional[str] = ..., backup: _Optional[str] = ..., backup_in_sync: _Optional[bool] = ..., from_active: _Optional[bool] = ...) -> None: ...
+
+class MetricsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class MetricsResponse(_message.Message):
+    __slots__ = ("text",)
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    def __init__(self, text: _Optional[str] = ...) -> None: ...

@@ -276,6 +276,11 @@ class AdminStub:
                 request_serializer=pinmq__pb_dot_client__pb2.ClusterStatusRequest.SerializeToString,
                 response_deserializer=pinmq__pb_dot_client__pb2.ClusterStatusResponse.FromString,
                 _registered_method=True)
+        self.Metrics = channel.unary_unary(
+                '/pinmq.client.v1.Admin/Metrics',
+                request_serializer=pinmq__pb_dot_client__pb2.MetricsRequest.SerializeToString,
+                response_deserializer=pinmq__pb_dot_client__pb2.MetricsResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -332,6 +337,13 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Metrics(self, request, context):
+        """The node's metrics, the text GET /metrics serves (`pinmq top`); needs manage on every address.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -374,6 +386,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ClusterStatus,
                     request_deserializer=pinmq__pb_dot_client__pb2.ClusterStatusRequest.FromString,
                     response_serializer=pinmq__pb_dot_client__pb2.ClusterStatusResponse.SerializeToString,
+            ),
+            'Metrics': grpc.unary_unary_rpc_method_handler(
+                    servicer.Metrics,
+                    request_deserializer=pinmq__pb_dot_client__pb2.MetricsRequest.FromString,
+                    response_serializer=pinmq__pb_dot_client__pb2.MetricsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -592,6 +609,33 @@ class Admin:
             '/pinmq.client.v1.Admin/ClusterStatus',
             pinmq__pb_dot_client__pb2.ClusterStatusRequest.SerializeToString,
             pinmq__pb_dot_client__pb2.ClusterStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Metrics(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pinmq.client.v1.Admin/Metrics',
+            pinmq__pb_dot_client__pb2.MetricsRequest.SerializeToString,
+            pinmq__pb_dot_client__pb2.MetricsResponse.FromString,
             options,
             channel_credentials,
             insecure,

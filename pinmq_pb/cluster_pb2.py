@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16pinmq_pb/cluster.proto\x12\x10pinmq.cluster.v1\"B\n\rQueueInstance\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x11\n\tconsumers\x18\x03 \x01(\r\"\xd5\x01\n\tNodeState\x12\x14\n\x0c\x63luster_name\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x17\n\x0f\x63luster_address\x18\x03 \x01(\t\x12.\n\x07handler\x18\x04 \x01(\x0e\x32\x1d.pinmq.cluster.v1.HandlerType\x12\x32\n\tinstances\x18\x05 \x03(\x0b\x32\x1f.pinmq.cluster.v1.QueueInstance\x12\x13\n\x0bincarnation\x18\x06 \x01(\x04\x12\x0f\n\x07version\x18\x07 \x01(\x04\"\x10\n\x0eInspectRequest\"t\n\x08NodeInfo\x12*\n\x05state\x18\x01 \x01(\x0b\x32\x1b.pinmq.cluster.v1.NodeState\x12\x11\n\tconnected\x18\x02 \x01(\x08\x12\r\n\x05local\x18\x03 \x01(\x08\x12\x1a\n\x12\x64own_since_unix_ms\x18\x04 \x01(\x03\"_\n\x0fInspectResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12)\n\x05nodes\x18\x02 \x03(\x0b\x32\x1a.pinmq.cluster.v1.NodeInfo\x12\x10\n\x08problems\x18\x03 \x03(\t\"\xd3\x01\n\x10\x46orwardedMessage\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0c\n\x04\x62ody\x18\x04 \x01(\x0c\x12@\n\x07headers\x18\x05 \x03(\x0b\x32/.pinmq.cluster.v1.ForwardedMessage.HeadersEntry\x12\x12\n\npersistent\x18\x06 \x01(\x08\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x7f\n\x0c\x46orwardBatch\x12\x0e\n\x06origin\x18\x01 \x01(\t\x12\x14\n\x0corigin_store\x18\x02 \x01(\x04\x12\x13\n\x0btarget_node\x18\x03 \x01(\t\x12\x34\n\x08messages\x18\x04 \x03(\x0b\x32\".pinmq.cluster.v1.ForwardedMessage\"\x19\n\nForwardAck\x12\x0b\n\x03seq\x18\x01 \x01(\x04\"-\n\rGroupsRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\"\x97\x01\n\x08GroupRow\x12\r\n\x05queue\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\x19\n\x11owner_consumer_id\x18\x03 \x01(\t\x12\x12\n\nowner_name\x18\x04 \x01(\t\x12\x0f\n\x07pending\x18\x05 \x01(\x04\x12\x13\n\x0boutstanding\x18\x06 \x01(\x04\x12\x18\n\x10last_use_unix_ms\x18\x07 \x01(\x03\"J\n\x0bGroupsReply\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12*\n\x06groups\x18\x02 \x03(\x0b\x32\x1a.pinmq.cluster.v1.GroupRow\"]\n\rReplicaReport\x12/\n\x05hello\x18\x01 \x01(\x0b\x32\x1e.pinmq.cluster.v1.ReplicaHelloH\x00\x12\x11\n\x07\x64urable\x18\x02 \x01(\x04H\x00\x42\x08\n\x06report\"8\n\x0cReplicaHello\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63luster_address\x18\x02 \x01(\t\"\xdb\x01\n\x10ReplicationFrame\x12\x30\n\x05\x62\x65gin\x18\x01 \x01(\x0b\x32\x1f.pinmq.cluster.v1.SnapshotBeginH\x00\x12.\n\x04rows\x18\x02 \x01(\x0b\x32\x1e.pinmq.cluster.v1.SnapshotRowsH\x00\x12,\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x1d.pinmq.cluster.v1.SnapshotEndH\x00\x12.\n\x03ops\x18\x04 \x01(\x0b\x32\x1f.pinmq.cluster.v1.ReplicatedOpsH\x00\x42\x07\n\x05\x66rame\"<\n\rSnapshotBegin\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0f\n\x07primary\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\"9\n\x0cSnapshotRows\x12\x0c\n\x04\x66ile\x18\x01 \x01(\t\x12\r\n\x05table\x18\x02 \x01(\t\x12\x0c\n\x04rows\x18\x03 \x01(\x0c\"\r\n\x0bSnapshotEnd\"H\n\x0cReplicatedOp\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0c\n\x04\x66ile\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\x05\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\"<\n\rReplicatedOps\x12+\n\x03ops\x18\x01 \x03(\x0b\x32\x1e.pinmq.cluster.v1.ReplicatedOp\"\xdd\x02\n\x10\x46\x61iloverEnvelope\x12\x0f\n\x07logical\x18\x01 \x01(\t\x12\x1a\n\x12\x66\x61ilure_timeout_ms\x18\x07 \x01(\r\x12\x32\n\theartbeat\x18\x02 \x01(\x0b\x32\x1d.pinmq.cluster.v1.HaHeartbeatH\x00\x12=\n\x0fheartbeat_reply\x18\x03 \x01(\x0b\x32\".pinmq.cluster.v1.HaHeartbeatReplyH\x00\x12\x37\n\x0cvote_request\x18\x04 \x01(\x0b\x32\x1f.pinmq.cluster.v1.HaVoteRequestH\x00\x12\x33\n\nvote_reply\x18\x05 \x01(\x0b\x32\x1d.pinmq.cluster.v1.HaVoteReplyH\x00\x12\x30\n\x08handover\x18\x06 \x01(\x0b\x32\x1c.pinmq.cluster.v1.HaHandoverH\x00\x42\t\n\x07message\"F\n\x0f\x46\x61iloverReplies\x12\x33\n\x07replies\x18\x01 \x03(\x0b\x32\".pinmq.cluster.v1.FailoverEnvelope\"^\n\x08HaRecord\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0e\n\x06\x61\x63tive\x18\x02 \x01(\t\x12\x0e\n\x06\x62\x61\x63kup\x18\x03 \x01(\t\x12\x16\n\x0e\x62\x61\x63kup_in_sync\x18\x04 \x01(\x08\x12\x0b\n\x03seq\x18\x05 \x01(\x04\"t\n\x0bHaHeartbeat\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x0e\n\x06\x62\x61\x63kup\x18\x04 \x01(\t\x12\x16\n\x0e\x62\x61\x63kup_in_sync\x18\x05 \x01(\x08\x12\x11\n\treleasing\x18\x06 \x01(\x08\"}\n\x10HaHeartbeatReply\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x04 \x01(\x08\x12\x13\n\x0bknown_epoch\x18\x05 \x01(\x04\x12\x16\n\x0ewants_failback\x18\x06 \x01(\x08\"R\n\rHaVoteRequest\x12\x11\n\tcandidate\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x12\n\ndata_epoch\x18\x03 \x01(\x04\x12\x0b\n\x03pre\x18\x04 \x01(\x08\"\x8b\x01\n\x0bHaVoteReply\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0f\n\x07granted\x18\x03 \x01(\x08\x12\x13\n\x0bknown_epoch\x18\x04 \x01(\x04\x12*\n\x06record\x18\x05 \x01(\x0b\x32\x1a.pinmq.cluster.v1.HaRecord\x12\x0b\n\x03pre\x18\x06 \x01(\x08\"+\n\nHaHandover\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04*F\n\x0bHandlerType\x12\x10\n\x0cHANDLER_NONE\x10\x00\x12\x11\n\rHANDLER_LOCAL\x10\x01\x12\x12\n\x0eHANDLER_REMOTE\x10\x02\x32\xe1\x03\n\x07\x43luster\x12\x46\n\x06Gossip\x12\x1b.pinmq.cluster.v1.NodeState\x1a\x1b.pinmq.cluster.v1.NodeState(\x01\x30\x01\x12K\n\x07\x46orward\x12\x1e.pinmq.cluster.v1.ForwardBatch\x1a\x1c.pinmq.cluster.v1.ForwardAck(\x01\x30\x01\x12N\n\x07Inspect\x12 .pinmq.cluster.v1.InspectRequest\x1a!.pinmq.cluster.v1.InspectResponse\x12H\n\x06Groups\x12\x1f.pinmq.cluster.v1.GroupsRequest\x1a\x1d.pinmq.cluster.v1.GroupsReply\x12T\n\tReplicate\x12\x1f.pinmq.cluster.v1.ReplicaReport\x1a\".pinmq.cluster.v1.ReplicationFrame(\x01\x30\x01\x12Q\n\x08\x46\x61ilover\x12\".pinmq.cluster.v1.FailoverEnvelope\x1a!.pinmq.cluster.v1.FailoverRepliesb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16pinmq_pb/cluster.proto\x12\x10pinmq.cluster.v1\"B\n\rQueueInstance\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x11\n\tconsumers\x18\x03 \x01(\r\"\xd5\x01\n\tNodeState\x12\x14\n\x0c\x63luster_name\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x17\n\x0f\x63luster_address\x18\x03 \x01(\t\x12.\n\x07handler\x18\x04 \x01(\x0e\x32\x1d.pinmq.cluster.v1.HandlerType\x12\x32\n\tinstances\x18\x05 \x03(\x0b\x32\x1f.pinmq.cluster.v1.QueueInstance\x12\x13\n\x0bincarnation\x18\x06 \x01(\x04\x12\x0f\n\x07version\x18\x07 \x01(\x04\"\x10\n\x0eInspectRequest\"t\n\x08NodeInfo\x12*\n\x05state\x18\x01 \x01(\x0b\x32\x1b.pinmq.cluster.v1.NodeState\x12\x11\n\tconnected\x18\x02 \x01(\x08\x12\r\n\x05local\x18\x03 \x01(\x08\x12\x1a\n\x12\x64own_since_unix_ms\x18\x04 \x01(\x03\"_\n\x0fInspectResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12)\n\x05nodes\x18\x02 \x03(\x0b\x32\x1a.pinmq.cluster.v1.NodeInfo\x12\x10\n\x08problems\x18\x03 \x03(\t\"\xd3\x01\n\x10\x46orwardedMessage\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0c\n\x04\x62ody\x18\x04 \x01(\x0c\x12@\n\x07headers\x18\x05 \x03(\x0b\x32/.pinmq.cluster.v1.ForwardedMessage.HeadersEntry\x12\x12\n\npersistent\x18\x06 \x01(\x08\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x7f\n\x0c\x46orwardBatch\x12\x0e\n\x06origin\x18\x01 \x01(\t\x12\x14\n\x0corigin_store\x18\x02 \x01(\x04\x12\x13\n\x0btarget_node\x18\x03 \x01(\t\x12\x34\n\x08messages\x18\x04 \x03(\x0b\x32\".pinmq.cluster.v1.ForwardedMessage\"\x19\n\nForwardAck\x12\x0b\n\x03seq\x18\x01 \x01(\x04\"-\n\rGroupsRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\"\xb7\x01\n\x08GroupRow\x12\r\n\x05queue\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\x19\n\x11owner_consumer_id\x18\x03 \x01(\t\x12\x12\n\nowner_name\x18\x04 \x01(\t\x12\x0f\n\x07pending\x18\x05 \x01(\x04\x12\x13\n\x0boutstanding\x18\x06 \x01(\x04\x12\x18\n\x10last_use_unix_ms\x18\x07 \x01(\x03\x12\x1e\n\x16oldest_pending_unix_ms\x18\x08 \x01(\x03\"J\n\x0bGroupsReply\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12*\n\x06groups\x18\x02 \x03(\x0b\x32\x1a.pinmq.cluster.v1.GroupRow\"]\n\rReplicaReport\x12/\n\x05hello\x18\x01 \x01(\x0b\x32\x1e.pinmq.cluster.v1.ReplicaHelloH\x00\x12\x11\n\x07\x64urable\x18\x02 \x01(\x04H\x00\x42\x08\n\x06report\"8\n\x0cReplicaHello\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63luster_address\x18\x02 \x01(\t\"\xdb\x01\n\x10ReplicationFrame\x12\x30\n\x05\x62\x65gin\x18\x01 \x01(\x0b\x32\x1f.pinmq.cluster.v1.SnapshotBeginH\x00\x12.\n\x04rows\x18\x02 \x01(\x0b\x32\x1e.pinmq.cluster.v1.SnapshotRowsH\x00\x12,\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x1d.pinmq.cluster.v1.SnapshotEndH\x00\x12.\n\x03ops\x18\x04 \x01(\x0b\x32\x1f.pinmq.cluster.v1.ReplicatedOpsH\x00\x42\x07\n\x05\x66rame\"<\n\rSnapshotBegin\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0f\n\x07primary\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\"9\n\x0cSnapshotRows\x12\x0c\n\x04\x66ile\x18\x01 \x01(\t\x12\r\n\x05table\x18\x02 \x01(\t\x12\x0c\n\x04rows\x18\x03 \x01(\x0c\"\r\n\x0bSnapshotEnd\"H\n\x0cReplicatedOp\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0c\n\x04\x66ile\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\x05\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\"<\n\rReplicatedOps\x12+\n\x03ops\x18\x01 \x03(\x0b\x32\x1e.pinmq.cluster.v1.ReplicatedOp\"\xdd\x02\n\x10\x46\x61iloverEnvelope\x12\x0f\n\x07logical\x18\x01 \x01(\t\x12\x1a\n\x12\x66\x61ilure_timeout_ms\x18\x07 \x01(\r\x12\x32\n\theartbeat\x18\x02 \x01(\x0b\x32\x1d.pinmq.cluster.v1.HaHeartbeatH\x00\x12=\n\x0fheartbeat_reply\x18\x03 \x01(\x0b\x32\".pinmq.cluster.v1.HaHeartbeatReplyH\x00\x12\x37\n\x0cvote_request\x18\x04 \x01(\x0b\x32\x1f.pinmq.cluster.v1.HaVoteRequestH\x00\x12\x33\n\nvote_reply\x18\x05 \x01(\x0b\x32\x1d.pinmq.cluster.v1.HaVoteReplyH\x00\x12\x30\n\x08handover\x18\x06 \x01(\x0b\x32\x1c.pinmq.cluster.v1.HaHandoverH\x00\x42\t\n\x07message\"F\n\x0f\x46\x61iloverReplies\x12\x33\n\x07replies\x18\x01 \x03(\x0b\x32\".pinmq.cluster.v1.FailoverEnvelope\"^\n\x08HaRecord\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0e\n\x06\x61\x63tive\x18\x02 \x01(\t\x12\x0e\n\x06\x62\x61\x63kup\x18\x03 \x01(\t\x12\x16\n\x0e\x62\x61\x63kup_in_sync\x18\x04 \x01(\x08\x12\x0b\n\x03seq\x18\x05 \x01(\x04\"t\n\x0bHaHeartbeat\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x0e\n\x06\x62\x61\x63kup\x18\x04 \x01(\t\x12\x16\n\x0e\x62\x61\x63kup_in_sync\x18\x05 \x01(\x08\x12\x11\n\treleasing\x18\x06 \x01(\x08\"}\n\x10HaHeartbeatReply\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x04 \x01(\x08\x12\x13\n\x0bknown_epoch\x18\x05 \x01(\x04\x12\x16\n\x0ewants_failback\x18\x06 \x01(\x08\"R\n\rHaVoteRequest\x12\x11\n\tcandidate\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x12\n\ndata_epoch\x18\x03 \x01(\x04\x12\x0b\n\x03pre\x18\x04 \x01(\x08\"\x8b\x01\n\x0bHaVoteReply\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0f\n\x07granted\x18\x03 \x01(\x08\x12\x13\n\x0bknown_epoch\x18\x04 \x01(\x04\x12*\n\x06record\x18\x05 \x01(\x0b\x32\x1a.pinmq.cluster.v1.HaRecord\x12\x0b\n\x03pre\x18\x06 \x01(\x08\"+\n\nHaHandover\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04*F\n\x0bHandlerType\x12\x10\n\x0cHANDLER_NONE\x10\x00\x12\x11\n\rHANDLER_LOCAL\x10\x01\x12\x12\n\x0eHANDLER_REMOTE\x10\x02\x32\xe1\x03\n\x07\x43luster\x12\x46\n\x06Gossip\x12\x1b.pinmq.cluster.v1.NodeState\x1a\x1b.pinmq.cluster.v1.NodeState(\x01\x30\x01\x12K\n\x07\x46orward\x12\x1e.pinmq.cluster.v1.ForwardBatch\x1a\x1c.pinmq.cluster.v1.ForwardAck(\x01\x30\x01\x12N\n\x07Inspect\x12 .pinmq.cluster.v1.InspectRequest\x1a!.pinmq.cluster.v1.InspectResponse\x12H\n\x06Groups\x12\x1f.pinmq.cluster.v1.GroupsRequest\x1a\x1d.pinmq.cluster.v1.GroupsReply\x12T\n\tReplicate\x12\x1f.pinmq.cluster.v1.ReplicaReport\x1a\".pinmq.cluster.v1.ReplicationFrame(\x01\x30\x01\x12Q\n\x08\x46\x61ilover\x12\".pinmq.cluster.v1.FailoverEnvelope\x1a!.pinmq.cluster.v1.FailoverRepliesb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_FORWARDEDMESSAGE_HEADERSENTRY']._loaded_options = None
   _globals['_FORWARDEDMESSAGE_HEADERSENTRY']._serialized_options = b'8\001'
-  _globals['_HANDLERTYPE']._serialized_start=2891
-  _globals['_HANDLERTYPE']._serialized_end=2961
+  _globals['_HANDLERTYPE']._serialized_start=2923
+  _globals['_HANDLERTYPE']._serialized_end=2993
   _globals['_QUEUEINSTANCE']._serialized_start=44
   _globals['_QUEUEINSTANCE']._serialized_end=110
   _globals['_NODESTATE']._serialized_start=113
@@ -56,41 +56,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GROUPSREQUEST']._serialized_start=931
   _globals['_GROUPSREQUEST']._serialized_end=976
   _globals['_GROUPROW']._serialized_start=979
-  _globals['_GROUPROW']._serialized_end=1130
-  _globals['_GROUPSREPLY']._serialized_start=1132
-  _globals['_GROUPSREPLY']._serialized_end=1206
-  _globals['_REPLICAREPORT']._serialized_start=1208
-  _globals['_REPLICAREPORT']._serialized_end=1301
-  _globals['_REPLICAHELLO']._serialized_start=1303
-  _globals['_REPLICAHELLO']._serialized_end=1359
-  _globals['_REPLICATIONFRAME']._serialized_start=1362
-  _globals['_REPLICATIONFRAME']._serialized_end=1581
-  _globals['_SNAPSHOTBEGIN']._serialized_start=1583
-  _globals['_SNAPSHOTBEGIN']._serialized_end=1643
-  _globals['_SNAPSHOTROWS']._serialized_start=1645
-  _globals['_SNAPSHOTROWS']._serialized_end=1702
-  _globals['_SNAPSHOTEND']._serialized_start=1704
-  _globals['_SNAPSHOTEND']._serialized_end=1717
-  _globals['_REPLICATEDOP']._serialized_start=1719
-  _globals['_REPLICATEDOP']._serialized_end=1791
-  _globals['_REPLICATEDOPS']._serialized_start=1793
-  _globals['_REPLICATEDOPS']._serialized_end=1853
-  _globals['_FAILOVERENVELOPE']._serialized_start=1856
-  _globals['_FAILOVERENVELOPE']._serialized_end=2205
-  _globals['_FAILOVERREPLIES']._serialized_start=2207
-  _globals['_FAILOVERREPLIES']._serialized_end=2277
-  _globals['_HARECORD']._serialized_start=2279
-  _globals['_HARECORD']._serialized_end=2373
-  _globals['_HAHEARTBEAT']._serialized_start=2375
-  _globals['_HAHEARTBEAT']._serialized_end=2491
-  _globals['_HAHEARTBEATREPLY']._serialized_start=2493
-  _globals['_HAHEARTBEATREPLY']._serialized_end=2618
-  _globals['_HAVOTEREQUEST']._serialized_start=2620
-  _globals['_HAVOTEREQUEST']._serialized_end=2702
-  _globals['_HAVOTEREPLY']._serialized_start=2705
-  _globals['_HAVOTEREPLY']._serialized_end=2844
-  _globals['_HAHANDOVER']._serialized_start=2846
-  _globals['_HAHANDOVER']._serialized_end=2889
-  _globals['_CLUSTER']._serialized_start=2964
-  _globals['_CLUSTER']._serialized_end=3445
+  _globals['_GROUPROW']._serialized_end=1162
+  _globals['_GROUPSREPLY']._serialized_start=1164
+  _globals['_GROUPSREPLY']._serialized_end=1238
+  _globals['_REPLICAREPORT']._serialized_start=1240
+  _globals['_REPLICAREPORT']._serialized_end=1333
+  _globals['_REPLICAHELLO']._serialized_start=1335
+  _globals['_REPLICAHELLO']._serialized_end=1391
+  _globals['_REPLICATIONFRAME']._serialized_start=1394
+  _globals['_REPLICATIONFRAME']._serialized_end=1613
+  _globals['_SNAPSHOTBEGIN']._serialized_start=1615
+  _globals['_SNAPSHOTBEGIN']._serialized_end=1675
+  _globals['_SNAPSHOTROWS']._serialized_start=1677
+  _globals['_SNAPSHOTROWS']._serialized_end=1734
+  _globals['_SNAPSHOTEND']._serialized_start=1736
+  _globals['_SNAPSHOTEND']._serialized_end=1749
+  _globals['_REPLICATEDOP']._serialized_start=1751
+  _globals['_REPLICATEDOP']._serialized_end=1823
+  _globals['_REPLICATEDOPS']._serialized_start=1825
+  _globals['_REPLICATEDOPS']._serialized_end=1885
+  _globals['_FAILOVERENVELOPE']._serialized_start=1888
+  _globals['_FAILOVERENVELOPE']._serialized_end=2237
+  _globals['_FAILOVERREPLIES']._serialized_start=2239
+  _globals['_FAILOVERREPLIES']._serialized_end=2309
+  _globals['_HARECORD']._serialized_start=2311
+  _globals['_HARECORD']._serialized_end=2405
+  _globals['_HAHEARTBEAT']._serialized_start=2407
+  _globals['_HAHEARTBEAT']._serialized_end=2523
+  _globals['_HAHEARTBEATREPLY']._serialized_start=2525
+  _globals['_HAHEARTBEATREPLY']._serialized_end=2650
+  _globals['_HAVOTEREQUEST']._serialized_start=2652
+  _globals['_HAVOTEREQUEST']._serialized_end=2734
+  _globals['_HAVOTEREPLY']._serialized_start=2737
+  _globals['_HAVOTEREPLY']._serialized_end=2876
+  _globals['_HAHANDOVER']._serialized_start=2878
+  _globals['_HAHANDOVER']._serialized_end=2921
+  _globals['_CLUSTER']._serialized_start=2996
+  _globals['_CLUSTER']._serialized_end=3477
 # @@protoc_insertion_point(module_scope)

@@ -120,7 +120,7 @@ class GroupsRequest(_message.Message):
     def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ...) -> None: ...
 
 class GroupRow(_message.Message):
-    __slots__ = ("queue", "group", "owner_consumer_id", "owner_name", "pending", "outstanding", "last_use_unix_ms")
+    __slots__ = ("queue", "group", "owner_consumer_id", "owner_name", "pending", "outstanding", "last_use_unix_ms", "oldest_pending_unix_ms")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     OWNER_CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -128,6 +128,7 @@ class GroupRow(_message.Message):
     PENDING_FIELD_NUMBER: _ClassVar[int]
     OUTSTANDING_FIELD_NUMBER: _ClassVar[int]
     LAST_USE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_PENDING_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     queue: str
     group: str
     owner_consumer_id: str
@@ -135,7 +136,8 @@ class GroupRow(_message.Message):
     pending: int
     outstanding: int
     last_use_unix_ms: int
-    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., owner_consumer_id: _Optional[str] = ..., owner_name: _Optional[str] = ..., pending: _Optional[int] = ..., outstanding: _Optional[int] = ..., last_use_unix_ms: _Optional[int] = ...) -> None: ...
+    oldest_pending_unix_ms: int
+    def __init__(self, queue: _Optional[str] = ..., group: _Optional[str] = ..., owner_consumer_id: _Optional[str] = ..., owner_name: _Optional[str] = ..., pending: _Optional[int] = ..., outstanding: _Optional[int] = ..., last_use_unix_ms: _Optional[int] = ..., oldest_pending_unix_ms: _Optional[int] = ...) -> None: ...
 
 class GroupsReply(_message.Message):
     __slots__ = ("node_id", "groups")

@@ -3,7 +3,9 @@ DockerCompose), with an override written per cluster that publishes each node's 
 STOMP ports on host ports reserved for it (so they survive container restarts) and bind-mounts
 a host directory over each node's audit directory. `docker` verbs (kill, pause, restart,
 network disconnect and connect) run on its containers; `down` removes the containers, network
-and volumes.
+and volumes. Its nodes speak TLS and want a user: `access` is how to reach them (the
+development secrets in secrets/, tests/deploy_access.py), which the one-shot service `secrets`
+copies into the containers.
 
 Without a Docker engine the tests skip with the reason, except under CI=true, where that is a
 failure: the container tests must run in CI.
@@ -20,11 +22,15 @@ import uuid
 from pathlib import Path
 
 import pytest
+from deploy_access import dev_access
 from ports import reserve_port
 from testcontainers.compose import DockerCompose
 
+from broker.client import Client
+
 REPO = Path(__file__).resolve().parent.parent
 SERVICES = ("node1", "node1-backup", "node2", "node3")
+VOLUMES = (*(f"{name}-data" for name in SERVICES), "secrets")  # docker-compose.yml's
 AUDIT_IN_CONTAINER = "/var/lib/pinmq/data/audit"  # deploy/compose/*.yaml audit.dir
 
 
@@ -84,6 +90,7 @@ class ComposeCluster:
         for key, value in env.items():
             monkeypatch.setenv(key, value)  # testcontainers runs `docker compose` with them
         self.project = env["COMPOSE_PROJECT_NAME"]
+        self.access = dev_access()  # secrets/ made before compose mounts it
         self.audit = {name: workdir / "audit" / name for name in SERVICES}
         self.ports = {name: (reserve_port(), reserve_port()) for name in SERVICES}
         services: dict[str, dict[str, list[str]]] = {}
@@ -151,6 +158,10 @@ class ComposeCluster:
 
     def client_url(self, name: str) -> str:
         return f"127.0.0.1:{self.ports[name][0]}"
+
+    def client(self, url: str) -> Client:
+        """A Python client of `url`, over TLS as the user admin."""
+        return self.access.client(url)
 
     def stop_audited(self) -> dict[str, Path]:
         """`docker compose stop`: SIGTERM, a clean shutdown that writes each audit tail."""

@@ -17,6 +17,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,8 @@ import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ports import reserve_port
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 from waiting import wait
 
 from broker import channels
@@ -36,7 +39,9 @@ if TYPE_CHECKING:
 START_TIMEOUT_S = 20.0
 TESTS = Path(__file__).resolve().parent  # the test helpers; the tests are in folders by layer
 REPO = TESTS.parent
-pytest_plugins = ["stomp_helpers", "store_harness", "cluster_nodes", "spark_session"]  # fixtures
+pytest_plugins = [  # fixtures
+    "stomp_helpers", "store_harness", "cluster_nodes", "spark_session", "browser",
+]  # fmt: skip
 
 # `make test` runs tests on several pytest-xdist workers, each test on its own, except the
 # modules named here: the tests of a group run on one worker, one after another, and groups are
@@ -48,6 +53,9 @@ XDIST_GROUPS = {
     # test_compose's image is a module fixture too.
     "test_ha.py": "failover drills",
     "test_compose.py": "failover drills",
+    # The console's browser test kills the pair's primary too, with a Chromium on top: not
+    # beside a drill.
+    "test_console.py": "failover drills",
     # Cluster drills one at a time: each loads three nodes and ends with a Spark check.
     "test_drills.py": "cluster drills",
     # A module fixture (a node, a cluster, a run of the README tours) serves the module's tests:
@@ -123,6 +131,34 @@ def get(address: str, path: str, tls: TlsFiles | None = None) -> tuple[int, dict
     except urllib.error.HTTPError as err:
         with err:
             return err.code, json.loads(err.read())
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """A node's `GET /metrics`, as prometheus-client's own parser reads it."""
+
+    samples: list[Sample]
+
+    @classmethod
+    def parse(cls, text: str) -> Scrape:
+        return cls([s for family in text_string_to_metric_families(text) for s in family.samples])
+
+    def value(self, name: str, **labels: str) -> float:
+        """The value of the one sample of `name` whose labels include `labels`."""
+        found = [s for s in self.samples if s.name == name and labels.items() <= s.labels.items()]
+        assert len(found) == 1, f"{len(found)} samples of {name} {labels}: {found}"
+        return found[0].value
+
+    def labels(self, name: str) -> list[dict[str, str]]:
+        """The label sets of every sample of `name` (none: the node reports no such thing)."""
+        return [s.labels for s in self.samples if s.name == name]
+
+
+def scrape(address: str) -> Scrape:
+    """GET http://address/metrics (no security), parsed; it must be Prometheus' text format."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as reply:
+        assert reply.headers.get_content_type() == "text/plain"
+        return Scrape.parse(reply.read().decode())
 
 
 def node_command(config: Path) -> list[str]:
@@ -225,11 +261,18 @@ class NodeProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         try:
-            return self.proc.wait(timeout)
+            code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
             raise
+        if code != 0 and sig in (signal.SIGTERM, signal.SIGINT):  # a clean stop failed: why
+            print(
+                f"node {self.port} exited {code}; its last log lines:",
+                *self.log().splitlines()[-40:],
+                sep="\n",
+            )
+        return code
 
     @contextlib.contextmanager
     def frozen(self) -> Iterator[None]:

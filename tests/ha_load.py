@@ -12,6 +12,9 @@ violation, one route per binding and epoch.
 The stomp.py clients take the pair's host list as stomp.py does (it tries them in order);
 after a drop they start the list at the next host, since a frozen process still accepts TCP
 connections and would otherwise be tried first forever.
+
+Every client connects as its `ClientAccess` says: plain for the tests' own nodes, TLS and the
+user admin for the shipped containers (tests/deploy_access.py).
 """
 
 from __future__ import annotations
@@ -26,10 +29,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import stomp
+from deploy_access import ClientAccess
 from drill_parts import Worker, clean_check
 
 from broker.audit import MID_HEADER, AuditLog
-from broker.client import AlreadyExists, Client, PinmqError
+from broker.client import AlreadyExists, Client, ConnectionLost, PinmqError
 from broker.message import DUPLICATE_ID_HEADER
 
 QUEUE = "orders"
@@ -103,8 +107,10 @@ class StompLink:
     """stomp.py connections over a host list: a dropped one is replaced by a new connection
     whose list starts at the host after the one it was on."""
 
-    def __init__(self, hosts: list[tuple[str, int]], stop: threading.Event) -> None:
-        self.hosts, self.stop = hosts, stop
+    def __init__(
+        self, hosts: list[tuple[str, int]], stop: threading.Event, access: ClientAccess
+    ) -> None:
+        self.hosts, self.stop, self.access = hosts, stop, access
         self.start = 0
         self.conn: Any = None
         self.listener = _Listener()
@@ -125,9 +131,10 @@ class StompLink:
             )
             listener = _Listener(on_message)
             conn.set_listener("drill", listener)
+            login = self.access.stomp(conn, hosts)
             self.conn, self.listener = conn, listener
             with contextlib.suppress(*NOT_CONNECTED):
-                conn.connect(wait=False)
+                conn.connect(wait=False, **login)
                 if listener.wait(listener.is_connected, CONNECT_S):
                     self.opened += 1
                     return True
@@ -140,6 +147,8 @@ class StompLink:
             with contextlib.suppress(Exception):
                 conn.disconnect()
             with contextlib.suppress(Exception):
+                conn.transport.disconnect_socket()  # its receiver thread ends, connected or not
+            with contextlib.suppress(Exception):
                 conn.transport.stop()
 
 
@@ -148,9 +157,11 @@ class StompProducer:
     receipt did not come is sent again, the same message (same mid and duplicate id), on a
     new connection. `client_sent` is audited once the receipt came."""
 
-    def __init__(self, hosts: list[tuple[str, int]], audit: AuditLog, name: str) -> None:
+    def __init__(
+        self, hosts: list[tuple[str, int]], audit: AuditLog, name: str, access: ClientAccess
+    ) -> None:
         self.stop = threading.Event()
-        self.link = StompLink(hosts, self.stop)
+        self.link = StompLink(hosts, self.stop, access)
         self.audit, self.name = audit, name
         self.confirmed: set[bytes] = set()
         self._n = 0
@@ -208,11 +219,11 @@ class StompConsumer:
     `client_acked` once the ACK is sent (its node may die before the receipt, and before
     its own audit log has the ack)."""
 
-    def __init__(self, hosts: list[tuple[str, int]], audit: AuditLog) -> None:
+    def __init__(self, hosts: list[tuple[str, int]], audit: AuditLog, access: ClientAccess) -> None:
         self.audit = audit
         self.stop = threading.Event()
         self.drain = threading.Event()
-        self.link = StompLink(hosts, self.stop)
+        self.link = StompLink(hosts, self.stop, access)
         self.acked: set[bytes] = set()
         self._inbox: list[Any] = []
         self._cond = threading.Condition()
@@ -294,11 +305,29 @@ class Cluster(Protocol):
         """Stop every node cleanly (each writes its audit tail); their audit directories."""
 
 
+async def connected(client: Client) -> None:
+    """Connect as an application would, trying again while nothing answers (nothing is sent
+    before): a node just restarted may refuse a moment longer than its health check says."""
+    deadline = asyncio.get_running_loop().time() + WAIT_S
+    while True:
+        try:
+            await client.connect()
+            return
+        except ConnectionLost:
+            if asyncio.get_running_loop().time() >= deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+CLOSE_LIMIT_S = 30.0  # cancelled consumers end in a moment: past this one ignored its cancel
+
+
 class HaLoad:
     """The drill's clients on a cluster whose nodes audit, and the verdict."""
 
-    def __init__(self, ha: Cluster, history: Path) -> None:
+    def __init__(self, ha: Cluster, history: Path, access: ClientAccess | None = None) -> None:
         self.ha, self.history = ha, history
+        self.access = access or ClientAccess()
         self.clients_dir = history / "clients"
         self.clients_dir.mkdir(parents=True)
         self.drain = asyncio.Event()
@@ -308,14 +337,15 @@ class HaLoad:
         self.failures: list[str] = []  # sends that failed for good, and why
         names = ("stomp-producer", "stomp-consumer")
         self.stomp_audits = [AuditLog(self.clients_dir, name).start() for name in names]
-        self.stomp_producer = StompProducer(ha.stomp_pair, self.stomp_audits[0], "stomp-producer")
-        self.stomp_consumer = StompConsumer(ha.stomp_pair, self.stomp_audits[1])
+        pair, audits = ha.stomp_pair, self.stomp_audits
+        self.stomp_producer = StompProducer(pair, audits[0], "stomp-producer", self.access)
+        self.stomp_consumer = StompConsumer(pair, audits[1], self.access)
         self._closed = False
 
     async def start(self) -> None:
         """The queue everywhere, then every consumer."""
         for url in (self.ha.pair_url, self.ha.client_url("node2"), self.ha.client_url("node3")):
-            async with Client(url) as client:
+            async with self.access.client(url) as client:
                 with contextlib.suppress(AlreadyExists):  # configured statically (compose)
                     await client.create_queue(QUEUE)
         await self.add_worker("py-pair", self.ha.pair_url)
@@ -325,7 +355,7 @@ class HaLoad:
 
     async def add_worker(self, name: str, url: str) -> Worker:
         """A Python consumer on `url` (an address list: it fails over)."""
-        client = Client(url, audit=self.clients_dir, audit_name=name)
+        client = self.access.client(url, audit=self.clients_dir, audit_name=name)
         await client.connect()
         self.clients.append(client)
         worker = Worker(name, hold=HOLD, failover="," in url)
@@ -343,7 +373,9 @@ class HaLoad:
         async def python_group(g: int) -> None:
             url = self.ha.pair_url if g % 2 == 0 else self.ha.client_url(remote)
             name = f"py-g{g:02d}-{turns.start}"
-            async with Client(url, audit=self.clients_dir, audit_name=name) as client:
+            client = self.access.client(url, audit=self.clients_dir, audit_name=name)
+            await connected(client)
+            try:
                 producer = client.producer(QUEUE, group_id=f"g{g:02d}")
                 for i in turns:
                     try:
@@ -353,6 +385,8 @@ class HaLoad:
                         return
                     self.confirmed.add(body(g, i))
                     await asyncio.sleep(pause_s)
+            finally:
+                await client.close()
 
         def stomp_groups() -> None:
             items = [(g, i) for i in turns for g in STOMP_GROUPS]
@@ -363,7 +397,8 @@ class HaLoad:
 
     async def send_new_group(self, group: int, url: str) -> None:
         """One message of a group never sent before: its binding is new."""
-        async with Client(url, audit=self.clients_dir, audit_name=f"py-new-g{group}") as client:
+        named = f"py-new-g{group}"
+        async with self.access.client(url, audit=self.clients_dir, audit_name=named) as client:
             await client.producer(QUEUE, group_id=f"g{group:02d}").send(body(group, 0))
         self.confirmed.add(body(group, 0))
 
@@ -395,7 +430,12 @@ class HaLoad:
         tasks = [w.task for w in self.workers if w.task is not None]
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            async with asyncio.timeout(CLOSE_LIMIT_S):  # a consumer that ignores its cancel
+                await asyncio.gather(*tasks, return_exceptions=True)
+        except TimeoutError:
+            running = [w.name for w in self.workers if w.task is not None and not w.task.done()]
+            raise AssertionError(f"consumers still running after their cancel: {running}") from None
         for client in self.clients:
             await client.close()
         for audit in self.stomp_audits:

@@ -51,11 +51,22 @@ def _namespaces() -> str | None:
     return None
 
 
+def _browser() -> str | None:
+    """The console's browser test drives Debian's Chromium with its own driver."""
+    missing = [tool for tool in ("chromium", "chromedriver") if shutil.which(tool) is None]
+    if missing:
+        return (
+            f"{' and '.join(missing)} (apt-get install chromium chromium-driver), for the "
+            "console's browser test"
+        )
+    return None
+
+
 def missing() -> list[str]:
     found: list[str] = []
     if sys.version_info < MIN_PYTHON:
         found.append(f"Python {'.'.join(map(str, MIN_PYTHON))}+ (this is {sys.version.split()[0]})")
-    for check in (_java, _namespaces):
+    for check in (_java, _namespaces, _browser):
         if (problem := check()) is not None:
             found.append(problem)
     return found

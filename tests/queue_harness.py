@@ -41,7 +41,8 @@ class Harness:
             headers[GROUP_ID_HEADER] = group
         if seq is not None:
             headers[GROUP_SEQ_HEADER] = str(seq)
-        m = Message(self.next_id, "q", "q", f"{group}#{self.next_id}".encode(), headers)
+        body = f"{group}#{self.next_id}".encode()
+        m = Message(self.next_id, "q", "q", body, headers, enqueued_ns=self.now)
         self.next_id += 1
         return m, self._run(self.q.enqueue, m)
 

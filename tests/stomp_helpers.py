@@ -149,6 +149,10 @@ def stomp_connections() -> Iterator[Connect]:
             with contextlib.suppress(Exception):
                 if conn.is_connected():
                     conn.disconnect()
+            # Also when the node closed it: stomp.py's receiver thread ends only once its
+            # transport stops running (one left behind spun a CPU for the rest of a run).
+            with contextlib.suppress(Exception):
+                conn.transport.disconnect_socket()
 
 
 @pytest.fixture

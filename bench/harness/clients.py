@@ -1,9 +1,10 @@
 """Client processes of a load run: producers that stream a plan, consumers that record arrivals.
 
-Each runs in a spawned process with its own `broker.client.Client`, reports "ready" on the
-shared event queue, and (producers) waits for the go event, so that connection set-up stays
-outside the timed region. Bodies carry send time, producer and sequence, so consumers measure
-latency and the parent checks exactly-once and order from what they report.
+Each runs in a spawned process with its own `broker.client.Client` (TLS and a login as its
+node's `Reach` says), reports "ready" on the shared event queue, and (producers) waits for the
+go event, so that connection set-up, a password check included, stays outside the timed
+region. Bodies carry send time, producer and sequence, so consumers measure latency and the
+parent checks exactly-once and order from what they report.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker.client import Client, Consumer, Received
+from broker.client import Consumer, Received
 from broker.message import GROUP_ID_HEADER, GROUP_SEQ_HEADER
 from harness.procs import IDLE, MachineCpu, NodeCpu, die_with_parent, machine_cpu, node_cpu
+from harness.reach import Reach
 
 BODY_BYTES = 100  # time_ns (8 B) + producer (2 B) + sequence (4 B) + padding
 POLL_S = 0.05  # how often an idle consumer checks whether the run is over
@@ -83,6 +85,7 @@ class Plan:
 
 def producer_main(
     plan: Plan,
+    reach: Reach,
     address: str,
     persistent: bool,
     batch_size: int,
@@ -95,7 +98,8 @@ def producer_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us
 
     async def run() -> None:
-        async with Client(plan.url) as client:
+        async with reach.client(plan.url) as client:
+            await reach.log_in(client)
             producer = client.producer(address, persistent=persistent)
             events.put(("ready", f"producer {plan.index}"))
             await asyncio.to_thread(go.wait, RUN_TIMEOUT_S)
@@ -188,6 +192,7 @@ async def _consume(
 
 def consumer_main(
     url: str,
+    reach: Reach,
     node_id: str,
     queue: str,
     names: list[str],
@@ -202,7 +207,8 @@ def consumer_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us
 
     async def run() -> None:
-        async with Client(url) as client:
+        async with reach.client(url) as client:
+            await reach.log_in(client)
             consumers = [client.consumer(queue, name=n, prefetch=prefetch) for n in names]
             for c in consumers:
                 await c.start()

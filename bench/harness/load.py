@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from broker.client import Client
 from harness.clients import STALL_S, Plan, Seen, consumer_main, group_name, producer_main
 from harness.nodes import NodeProc, admin, node_queues
 from harness.procs import (
@@ -135,10 +134,20 @@ async def run_load(
     acked = ctx.Value("q", 0)
     pids = [n.pid for n in nodes]
     shared = (acked, pids, events)
+    reach = {n.url: n.reach for n in nodes}
     consumers = [
         ctx.Process(
             target=consumer_main,
-            args=(h.node.url, h.node.node_id, queue, h.names, args.prefetch, total, *shared),
+            args=(
+                h.node.url,
+                h.node.reach,
+                h.node.node_id,
+                queue,
+                h.names,
+                args.prefetch,
+                total,
+                *shared,
+            ),
             daemon=True,
         )
         for h in hosts
@@ -146,7 +155,7 @@ async def run_load(
     producers = [
         ctx.Process(
             target=producer_main,
-            args=(plan, queue, persistent, args.batch, args.window, events, go),
+            args=(plan, reach[plan.url], queue, persistent, args.batch, args.window, events, go),
             daemon=True,
         )
         for plan in plans
@@ -235,7 +244,7 @@ async def _depths(nodes: Sequence[NodeProc], queue: str) -> dict[str, int]:
         for name, (depth, _consumers) in (await node_queues(node)).items():
             if name == queue or name.startswith("$sf."):
                 depths[f"{name}@{node.node_id}"] = depth
-        async with Client(node.url) as client:
+        async with node.client() as client:
             groups = await admin(client.groups(queue))
         held = sum(g.pending + g.outstanding for g in groups)
         if held:

@@ -8,7 +8,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +16,11 @@ import grpc
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from broker import channels
 from broker.client import Client, PinmqError
+from harness import profiling
 from harness.procs import reserve_port, spawn, stop, tail
+from harness.reach import PLAIN, Reach
 from pinmq_pb import client_pb2 as cpb
 from pinmq_pb import client_pb2_grpc as cpb_grpc
 
@@ -43,6 +46,12 @@ class NodeProc:
     handler: str | None  # "LOCAL" / "REMOTE" / None
     home: Path  # node.yaml, node.log and the data dir
     proc: Any = None  # subprocess.Popen[bytes] once launched
+    reach: Reach = PLAIN  # how clients reach it: TLS, a login
+    recorders: list[Any] = field(default_factory=list)  # py-spy on it, once serving (profile.py)
+
+    def client(self) -> Client:
+        """A `Client` of the node (not yet connected), with its TLS and login."""
+        return self.reach.client(self.url)
 
     @property
     def log_path(self) -> Path:
@@ -101,10 +110,12 @@ def running_nodes(
     clustered: bool,
     load_balancing: str = "ON_DEMAND",
     extra: dict[str, Any] | None = None,
+    reach: Reach = PLAIN,
 ) -> Iterator[list[NodeProc]]:
     """`count` node processes serving (node1 LOCAL when clustered); SIGTERM, then kill, on exit.
 
-    `extra`: top-level config sections added to (or replacing those of) every node's YAML.
+    `extra`: top-level config sections added to (or replacing those of) every node's YAML;
+    `reach`: how clients reach every node (TLS, a login), to match a `tls` or `security` there.
     """
     listens = [{k: f"127.0.0.1:{reserve_port()}" for k in LISTENERS} for _ in range(count)]
     nodes: list[NodeProc] = []
@@ -117,7 +128,7 @@ def running_nodes(
             home.mkdir(parents=True, exist_ok=True)
             config = node_config(node_id, workdir, listen, peers, handler, load_balancing)
             (home / "node.yaml").write_text(yaml.safe_dump({**config, **(extra or {})}))
-            node = NodeProc(node_id, listen, handler, home)
+            node = NodeProc(node_id, listen, handler, home, reach=reach)
             node.launch()
             nodes.append(node)
         for node in nodes:
@@ -125,19 +136,24 @@ def running_nodes(
         yield nodes
     finally:
         stop(*(node.proc for node in nodes if node.proc is not None))
+        for node in nodes:
+            profiling.detach(node.recorders)
 
 
 @contextmanager
-def running_node(workdir: Path, extra: dict[str, Any] | None = None) -> Iterator[NodeProc]:
+def running_node(
+    workdir: Path, extra: dict[str, Any] | None = None, reach: Reach = PLAIN
+) -> Iterator[NodeProc]:
     """One standalone node: `running_nodes` with a count of one."""
-    with running_nodes(workdir, 1, clustered=False, extra=extra) as nodes:
+    with running_nodes(workdir, 1, clustered=False, extra=extra, reach=reach) as nodes:
         yield nodes[0]
 
 
 def wait_serving(node: NodeProc) -> None:
-    """Poll the standard gRPC health service until the node reports SERVING."""
+    """Poll the standard gRPC health service (over TLS for a TLS node) until the node
+    reports SERVING."""
     deadline = time.monotonic() + START_TIMEOUT_S
-    with grpc.insecure_channel(node.url) as channel:
+    with channels.dial_blocking(node.url, node.reach.tls) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             if node.proc.poll() is not None:
@@ -146,6 +162,8 @@ def wait_serving(node: NodeProc) -> None:
             with suppress(grpc.RpcError):
                 reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    # Sampled from here on (bench/profile.py): its work, not its start-up.
+                    node.recorders += profiling.attach(node.pid, node.node_id)
                     return
             time.sleep(0.05)
     why = f"{node.node_id} not serving after {START_TIMEOUT_S}s"
@@ -158,11 +176,12 @@ async def wait_formed(nodes: Sequence[NodeProc]) -> str:
     deadline = time.monotonic() + FORM_TIMEOUT_S
     last = ""
     for node in nodes:
-        async with grpc.aio.insecure_channel(node.url) as channel:
+        async with channels.dial(node.url, [], node.reach.tls) as channel:
             stub = cpb_grpc.AdminStub(channel)
+            request, metadata = cpb.ClusterStatusRequest(), node.reach.metadata()
             while True:
                 try:
-                    reply = await stub.ClusterStatus(cpb.ClusterStatusRequest(), timeout=2)
+                    reply = await stub.ClusterStatus(request, timeout=2, metadata=metadata)
                 except grpc.aio.AioRpcError as err:
                     last = f"{err.code().name}: {err.details()}"
                 else:
@@ -190,7 +209,7 @@ async def admin(coro: Any) -> Any:
 async def create_everywhere(nodes: Sequence[NodeProc], queue: str) -> None:
     """The queue on every node (one instance each); an instance already there is fine."""
     for node in nodes:
-        async with Client(node.url) as client:
+        async with node.client() as client:
             try:
                 await admin(client.create_queue(queue))
             except PinmqError as err:
@@ -201,13 +220,13 @@ async def create_everywhere(nodes: Sequence[NodeProc], queue: str) -> None:
 async def delete_everywhere(nodes: Sequence[NodeProc], queue: str) -> None:
     for node in nodes:
         with suppress(PinmqError, TimeoutError):
-            async with Client(node.url) as client:
+            async with node.client() as client:
                 await admin(client.delete_queue(queue))
 
 
 async def node_queues(node: NodeProc) -> dict[str, tuple[int, int]]:
     """{queue: (depth, consumers)} of a node, from ListQueues."""
-    async with Client(node.url) as client:
+    async with node.client() as client:
         listed = await admin(client.queues())
     return {q.name: (q.depth, q.consumer_count) for q in listed}
 
@@ -221,13 +240,13 @@ async def probe_send_path(nodes: Sequence[NodeProc]) -> None:
     target = nodes[-1]
     await create_everywhere(nodes, queue)
     try:
-        async with Client(target.url) as client:
+        async with target.client() as client:
             consumer = client.consumer(queue, name="probe", prefetch=10)
             await admin(consumer.start())
             await asyncio.sleep(SETTLE_S)
             for via in nodes[:-1]:
                 group = f"probe-{via.node_id}"
-                async with Client(via.url) as sender:
+                async with via.client() as sender:
                     try:
                         await admin(sender.producer(queue, group_id=group).send(b"probe"))
                     except (PinmqError, TimeoutError) as err:

@@ -2,7 +2,8 @@
 
 Every process connects first, reports ready, then waits for the coordinator's go event, so
 connection set-up is outside the timed region. Each stomp.py socket gets TCP_NODELAY (stomp.py
-does not set it, and a receipt wait then costs about 40 ms of delayed ACK).
+does not set it, and a receipt wait then costs about 40 ms of delayed ACK). A node's `Reach`
+(harness.reach.PLAIN: plain text, no login) adds TLS and CONNECT's login and passcode.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 import stomp
 from harness.procs import die_with_parent
+from harness.reach import Reach
 
 BODY = "x" * 100
 RECEIPT_EVERY = 100  # persistent sends per receipt wait
@@ -71,12 +73,17 @@ class _Listener(stomp.ConnectionListener):
             self.receipts.discard(rid)
 
 
-def connect(host: str, port: int) -> tuple[stomp.Connection12, _Listener]:
-    """A STOMP 1.2 connection (CONNECT frame, no heart-beats) with TCP_NODELAY set."""
+def connect(host: str, port: int, reach: Reach) -> tuple[stomp.Connection12, _Listener]:
+    """A STOMP 1.2 connection (CONNECT frame, no heart-beats) with TCP_NODELAY set; over TLS
+    and logged in when `reach` says so."""
     conn = stomp.Connection12([(host, port)], timeout=10, reconnect_attempts_max=1)
+    if reach.tls is not None:
+        conn.set_ssl(for_hosts=[(host, port)], ca_certs=str(reach.tls.ca))
     listener = _Listener()
     conn.set_listener("bench", listener)
-    conn.connect(wait=True, with_connect_command=True)
+    login = reach.login()
+    credentials = {} if login is None else {"username": login[0], "passcode": login[1]}
+    conn.connect(wait=True, with_connect_command=True, **credentials)
     sock = conn.transport.socket
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return conn, listener
@@ -102,11 +109,11 @@ def _quiet_child() -> None:
 
 
 def producer_main(
-    host: str, port: int, dest: str, n: int, groups: int, go: Any, events: Any
+    host: str, port: int, dest: str, n: int, groups: int, go: Any, events: Any, reach: Reach
 ) -> None:
     """Send message i to group i % groups with seq i // groups + 1; a receipt every 100 sends."""
     _quiet_child()
-    conn, listener = connect(host, port)
+    conn, listener = connect(host, port, reach)
     try:
         names = [f"g{g:04d}" for g in range(groups)]
         events.put(("ready", "producer"))
@@ -166,10 +173,11 @@ def consumer_main(
     acked: Any,
     subscribe: Any,
     events: Any,
+    reach: Reach,
 ) -> None:
     """Subscribe on `subscribe`, ack every message individually until `total` are acked overall."""
     _quiet_child()
-    conn, listener = connect(host, port)
+    conn, listener = connect(host, port, reach)
     seen = Seen(name)
     lock = acked.get_lock()
     done = threading.Event()
@@ -243,9 +251,11 @@ def consumer_main(
         close(conn, listener)
 
 
-def drain(host: str, port: int, dest: str, subscriptions: int, idle_s: float = 1.0) -> int:
+def drain(
+    host: str, port: int, dest: str, subscriptions: int, reach: Reach, idle_s: float = 1.0
+) -> int:
     """Messages still on `dest`: subscribe `subscriptions` times (auto ack), count until idle."""
-    conn, listener = connect(host, port)
+    conn, listener = connect(host, port, reach)
     count = [0]
     last = [time.monotonic()]
 

@@ -67,12 +67,19 @@ async def ready(channel: aio.Channel, timeout: float) -> bool:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     state = channel.get_state(try_to_connect=True)
+    # A failure at the very first look is not this channel's: it shares the process's
+    # connection to that address, which another client left in its reconnect backoff (at most
+    # RECONNECT_MAX_MS). Wait for that attempt instead of failing a node that is back.
+    inherited = state == grpc.ChannelConnectivity.TRANSIENT_FAILURE
     while state != grpc.ChannelConnectivity.READY:
         remaining = deadline - loop.time()
-        if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE or remaining <= 0:
+        failed = state == grpc.ChannelConnectivity.TRANSIENT_FAILURE and not inherited
+        if failed or remaining <= 0:
             return False
+        inherited = False
         try:
-            await asyncio.wait_for(channel.wait_for_state_change(state), remaining)
+            async with asyncio.timeout(remaining):
+                await channel.wait_for_state_change(state)
         except TimeoutError:
             return False
         state = channel.get_state(try_to_connect=True)

@@ -377,6 +377,13 @@ class Client:
     async def cluster_status(self) -> ClusterStatus:
         return convert.cluster_status(await self._call("ClusterStatus", pb.ClusterStatusRequest()))
 
+    # ---- metrics ----
+
+    async def metrics_text(self) -> str:
+        """The node's metrics in the Prometheus text format, as `GET /metrics` serves them
+        (`manage` on every address with security on); parse them with prometheus-client."""
+        return (await self._call("Metrics", pb.MetricsRequest())).text
+
 
 def _seen(task: asyncio.Task[None]) -> None:
     """Mark a move's failure as seen: every waiter may have been cancelled."""

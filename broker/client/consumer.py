@@ -144,7 +144,8 @@ class Consumer:
                 return None
             self._arrived.clear()
             try:
-                await asyncio.wait_for(self._arrived.wait(), timeout)
+                async with asyncio.timeout(timeout):  # not wait_for: in 3.11 it can swallow
+                    await self._arrived.wait()  # a cancel that comes as the event is set
             except TimeoutError:
                 if not self._resuming:
                     return None
@@ -227,7 +228,8 @@ class Consumer:
         self._closing = True
         self._outbox_ready.set()
         try:
-            await asyncio.wait_for(self._task, CONNECT_TIMEOUT_S)
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                await self._task
         except TimeoutError:
             assert self._call is not None
             self._call.cancel()

@@ -31,7 +31,9 @@ def group_info(g: pb.GroupInfo) -> GroupInfo:
 
 
 def consumer_info(c: pb.ConsumerInfo) -> ConsumerInfo:
-    return ConsumerInfo(c.consumer_id, c.name, c.prefetch, c.unacked, c.groups, c.stalled_ms)
+    return ConsumerInfo(
+        c.consumer_id, c.name, c.prefetch, c.unacked, c.groups, c.stalled_ms, c.delivered, c.acked
+    )
 
 
 def cluster_groups(reply: pb.ClusterGroupsResponse) -> ClusterGroups:
@@ -56,6 +58,7 @@ def cluster_status(reply: pb.ClusterStatusResponse) -> ClusterStatus:
             HaPairStatus(p.logical, p.epoch, p.active, p.backup, p.backup_in_sync, p.from_active)
             for p in reply.ha
         ],
+        not_ready=list(reply.not_ready),
     )
 
 

@@ -75,6 +75,11 @@ class OutcomeUnknown(Unavailable):
     """The request was sent but no answer came: it may or may not have taken effect."""
 
 
+class EndedUnderWrite(OutcomeUnknown):
+    """A stream ended as the client wrote to it, and grpcio reported its own INTERNAL error in
+    place of the status that ended it (grpc/grpc#36066): a refusal or a lost node alike."""
+
+
 _BY_CODE: dict[str, type[PinmqError]] = {
     "NOT_FOUND": NotFound,
     "INVALID_ARGUMENT": InvalidArgument,
@@ -114,7 +119,7 @@ def from_rpc(err: grpc.RpcError, target: str) -> PinmqError:
             name,
         )
     if name == "INTERNAL" and details == _WRITE_AFTER_END:
-        return OutcomeUnknown(
+        return EndedUnderWrite(
             f"the stream to {target} ended under a write: the outcome is unknown", "UNAVAILABLE"
         )
     if name == "DEADLINE_EXCEEDED":

@@ -23,3 +23,4 @@ class ClusterStatus:
     problems: list[str]
     consumers: dict[str, dict[str, int]]  # node id -> queue -> consumers, as this node sees it
     ha: list[HaPairStatus]
+    not_ready: list[str]  # why the answering node is not ready (GET /readyz's reasons)

@@ -15,10 +15,18 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import grpc
+from grpc._cython import cygrpc  # the error grpcio's own half-close lets out (see _stream)
 
 from broker.audit_schema import MID_HEADER, Kind
 from broker.client.base import BATCH_BYTES, Body, Item, Link
-from broker.client.errors import OutcomeUnknown, PinmqError, error_for, from_rpc
+from broker.client.errors import (
+    ConnectionLost,
+    EndedUnderWrite,
+    OutcomeUnknown,
+    PinmqError,
+    error_for,
+    from_rpc,
+)
 from broker.message import DUPLICATE_ID_HEADER, GROUP_SEQ_HEADER
 from pinmq_pb import client_pb2 as pb
 
@@ -50,6 +58,10 @@ class _Backlog:
             f"; the messages may be sent again safely with the same {DUPLICATE_ID_HEADER} "
             f"headers ({first} to {last}): a node drops a copy of one it already took"
         )
+
+
+# Attempts of a send whose stream ended under a write with its status lost (EndedUnderWrite).
+ASK_AGAIN = 3
 
 
 class Producer:
@@ -127,13 +139,26 @@ class Producer:
         """Send `batches` on a SendStream; after a drop, what was not confirmed goes again on
         the node the client moved to. A batch the node refused is never sent again."""
         backlog = _Backlog(batches)
-        try:
-            await self._client._with_failover(
-                lambda: self._stream(backlog, window, on_sent), repeat_unknown=True
-            )
-        except OutcomeUnknown as err:
-            raise OutcomeUnknown(f"{err}{backlog.resend_hint()}", err.code) from None
-        return backlog.ids
+        unknown: OutcomeUnknown | None = None
+        for _ in range(ASK_AGAIN):
+            try:
+                await self._client._with_failover(
+                    lambda: self._stream(backlog, window, on_sent), repeat_unknown=True
+                )
+                return backlog.ids
+            except EndedUnderWrite as err:
+                # grpcio lost the status that ended the stream: ask again (duplicate ids make
+                # a second copy harmless); a refusal comes back with its own status this time.
+                unknown = unknown or err
+            except ConnectionLost:
+                if unknown is None:
+                    raise
+                break  # the node is gone: what the first attempt did stays unknown
+            except OutcomeUnknown as err:
+                unknown = err
+                break
+        assert unknown is not None
+        raise OutcomeUnknown(f"{unknown}{backlog.resend_hint()}", unknown.code) from None
 
     async def _stream(
         self, backlog: _Backlog, window: int, on_sent: Callable[[int], None] | None
@@ -181,18 +206,19 @@ class Producer:
         deadline = client.call_timeout
         try:
             for batch in backlog.batches():
-                # a result frees a slot, or none comes
+                # A result frees a slot, or none comes; the write has the deadline too: a
+                # stream its connection never carries must fail like a call, never hang.
                 async with asyncio.timeout(None if blocked else deadline) as limit:
                     timer[:] = [limit]
                     await credit.acquire()
+                    if failure:
+                        break
+                    await call.write(pb.SendBatchRequest(messages=batch))
                 timer.clear()  # past its block a timeout cannot be lifted: `blocked` says it
-                if failure:
-                    break
-                await call.write(pb.SendBatchRequest(messages=batch))
-            if not failure:
-                await call.done_writing()
             async with asyncio.timeout(None if blocked else deadline) as limit:
                 timer[:] = [limit]
+                if not failure:
+                    await call.done_writing()
                 await reader
         except TimeoutError:
             failure.append(
@@ -205,7 +231,9 @@ class Producer:
             await reader
             if not failure:
                 failure.append(from_rpc(err, target))
-        except asyncio.InvalidStateError:  # the stream ended before this write: the reader says why
+        except (asyncio.InvalidStateError, cygrpc.InternalError):
+            # The stream ended before this write or half-close (grpcio raises its own internal
+            # error for a half-close on an ended call): the reader says why.
             await reader
         finally:
             if not reader.done():

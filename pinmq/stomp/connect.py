@@ -40,6 +40,8 @@ class Connecting:
         self, message: str, receipt: str | None = None, headers: dict[str, str] | None = None
     ) -> None: ...
 
+    def refuse(self, reason: str, message: str, receipt: str | None = None) -> None: ...
+
     def _emit_after(self, gate: Any, item: Any) -> None: ...
 
     def _connect(self, frame: Frame) -> Awaitable[None] | None:
@@ -78,7 +80,7 @@ class Connecting:
             access = await authenticator.login(login, frame.headers.get("passcode"), self.peer)
         self._now = now_ns()
         if access is None:
-            self.fail(FAILED)
+            self.refuse("UNAUTHENTICATED", FAILED)
             return
         self.access = access
         self._connected()

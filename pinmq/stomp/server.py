@@ -15,11 +15,13 @@ import contextlib
 import itertools
 import os
 import socket
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from broker import logs
 from broker.authenticator import Authenticator
 from broker.engine import Engine
+from broker.refusals import Refusals
 from broker.sending import SendPath
 from pinmq.stomp.protocol import CLOSE, Subscription
 from pinmq.stomp.session import Session
@@ -48,15 +50,45 @@ def split_host_port(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+class _BufferedReader(asyncio.StreamReaderProtocol, asyncio.BufferedProtocol):
+    """A stream protocol that asyncio reads into a buffer the listener's connections share.
+
+    For a plain protocol asyncio allocates a fresh 256 KiB bytes object for every read, from
+    the socket and from TLS alike, which is above the node's mmap threshold (process.py): an
+    mmap and a munmap per read. Reading into one buffer and copying out what arrived is safe
+    to share, since asyncio fills the buffer and hands it over in one step of the loop.
+    """
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        accept: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+        buffer: memoryview,
+    ) -> None:
+        super().__init__(reader, accept)
+        self._buffer = buffer
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(self._buffer[:nbytes].tobytes())
+
+
 class StompServer:
     """Serves STOMP on `listen.stomp` for one node."""
 
     def __init__(
-        self, engine: Engine, sending: SendPath, authenticator: Authenticator | None = None
+        self,
+        engine: Engine,
+        sending: SendPath,
+        authenticator: Authenticator | None = None,
+        refusals: Refusals | None = None,
     ) -> None:
         self.engine = engine
         self.sending = sending
         self.authenticator = authenticator
+        self.refusals = refusals if refusals is not None else Refusals()
         self.address = engine.config.listen.stomp
         self.connections: set[Connection] = set()
         self._server: asyncio.Server | None = None
@@ -68,8 +100,10 @@ class StompServer:
         host, port = split_host_port(self.address)
         tls = self.engine.config.tls
         try:
-            self._server = await asyncio.start_server(
-                self._accept,
+            loop = asyncio.get_running_loop()
+            buffer = memoryview(bytearray(READ_CHUNK))  # every connection's reads, in turn
+            self._server = await loop.create_server(
+                lambda: _BufferedReader(asyncio.StreamReader(), self._accept, buffer),
                 host,
                 port,
                 backlog=self.engine.config.stomp.listen_backlog,
@@ -101,7 +135,9 @@ class StompServer:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         session_id = f"stomp-{next(self._ids)}"
-        conn = Connection(self.engine, self.sending, reader, writer, session_id, self.authenticator)
+        conn = Connection(
+            self.engine, self.sending, reader, writer, session_id, self.authenticator, self.refusals
+        )
         self.connections.add(conn)
         try:
             await conn.run()
@@ -120,6 +156,7 @@ class Connection:
         writer: asyncio.StreamWriter,
         session_id: str,
         authenticator: Authenticator | None,
+        refusals: Refusals,
     ) -> None:
         self.engine = engine
         self.reader = reader
@@ -129,7 +166,7 @@ class Connection:
         peer = writer.get_extra_info("peername")
         where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.session = Session(
-            engine, sending, session_id, self.out, where, authenticator, _subject(writer)
+            engine, sending, session_id, self.out, where, authenticator, _subject(writer), refusals
         )
         self.session.on_closing = self._closing
         self.connect_timeout_ms = engine.config.stomp.connect_timeout_ms
@@ -158,7 +195,8 @@ class Connection:
                 beats.cancel()
             if session.closing:  # let the ERROR / RECEIPT reach the client
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(asyncio.shield(writer_task), CLOSE_GRACE_S)
+                    async with asyncio.timeout(CLOSE_GRACE_S):
+                        await asyncio.shield(writer_task)
             writer_task.cancel()
             await asyncio.gather(writer_task, return_exceptions=True)
             self.writer.close()
@@ -187,9 +225,8 @@ class Connection:
                     data = await reader.read(READ_CHUNK)
                 else:
                     try:
-                        data = await asyncio.wait_for(
-                            reader.read(READ_CHUNK), max(0.0, limit - loop.time())
-                        )
+                        async with asyncio.timeout_at(limit):
+                            data = await reader.read(READ_CHUNK)
                     except TimeoutError:
                         session.fail(f"{late} ms")
                         return beats
@@ -207,9 +244,8 @@ class Connection:
                     # A big partial frame holds memory: read no more of it until there is
                     # room, the frame's deadline still running.
                     try:
-                        await asyncio.wait_for(
-                            self.engine.room.memory_room(), max(0.0, frame_deadline - loop.time())
-                        )
+                        async with asyncio.timeout_at(frame_deadline):
+                            await self.engine.room.memory_room()
                     except TimeoutError:
                         session.fail(
                             f"frame not completed within {self.frame_timeout_ms} ms "

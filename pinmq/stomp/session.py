@@ -31,6 +31,7 @@ from broker.effects import Delivery
 from broker.engine import Engine
 from broker.message import GROUP_SEQ_HEADER, Outgoing
 from broker.permissions import Denied
+from broker.refusals import Refusals
 from broker.sending import SendPath
 from broker.store import StoreError
 from pinmq.stomp.connect import Connecting
@@ -78,8 +79,10 @@ class Session(Connecting):
         peer: str,
         authenticator: Authenticator | None = None,
         certificate: str | None = None,
+        refusals: Refusals | None = None,
     ) -> None:
         self.engine = engine
+        self.refusals = refusals if refusals is not None else Refusals()
         self.authenticator = authenticator  # None: security off, every client may do anything
         self.certificate = certificate  # a verified client certificate's subject (common name)
         self.access: Access = OPEN  # what this connection's user may do, once CONNECTed
@@ -140,7 +143,7 @@ class Session(Connecting):
                 try:
                     frame = self.parser.next()
                 except FrameError as err:
-                    self.fail(str(err))
+                    self.refuse("INVALID_ARGUMENT", str(err))
                     return
                 if frame is None:
                     return
@@ -150,13 +153,10 @@ class Session(Connecting):
                     if pending is not None:
                         self.flush()
                         await pending
-                except (ProtocolError, CoreError, StoreError) as err:
-                    self.fail(str(err), frame.headers.get("receipt"))
-                    return
-                except Denied as err:
-                    if self.authenticator is not None:
+                except (ProtocolError, CoreError, StoreError, Denied) as err:
+                    self.refuse(_reason(err), str(err), frame.headers.get("receipt"))
+                    if isinstance(err, Denied) and self.authenticator is not None:
                         self.authenticator.denied(err, self.peer)
-                    self.fail(str(err), frame.headers.get("receipt"))
                     return
                 receipt = frame.headers.get("receipt")
                 if receipt is not None and frame.command not in ("CONNECT", "STOMP", "DISCONNECT"):
@@ -384,6 +384,12 @@ class Session(Connecting):
         self._handlers = {}
         self.on_closing = None
 
+    def refuse(self, reason: str, message: str, receipt: str | None = None) -> None:
+        """`fail`, for a request the node refuses: counted by `reason` (a status code name)."""
+        if not self.closing:
+            self.refusals.count("stomp", reason)
+        self.fail(message, receipt)
+
     def fail(
         self, message: str, receipt: str | None = None, headers: dict[str, str] | None = None
     ) -> None:
@@ -469,3 +475,14 @@ class Session(Connecting):
             if sub.consumer_id in self.by_consumer:
                 self.unit.settle(sub.stream, "ack", ids, now=now)
         self.flush()
+
+
+def _reason(err: Exception) -> str:
+    """The status code name a refusal for `err` counts under (as gRPC would answer it)."""
+    if isinstance(err, CoreError):
+        return err.code.upper()
+    if isinstance(err, StoreError):
+        return "UNAVAILABLE"
+    if isinstance(err, Denied):
+        return "PERMISSION_DENIED"
+    return "INVALID_ARGUMENT"  # a frame that breaks the protocol

@@ -80,7 +80,7 @@ def test_deploy_cluster_is_consistent() -> None:
     assert primary is not None and primary.role == "primary"
     assert backup is not None and backup.role == "backup"
     assert backup.primary == cfgs["node1"].listen.cluster
-    ports = [p for c in cfgs.values() for p in c.listen.model_dump().values()]
+    ports = [p for c in cfgs.values() for p in c.listeners().values()]
     assert len(ports) == len(set(ports))
     assert len({c.node.data_dir for c in cfgs.values()}) == 4
     remote = {cfgs[n].listen.cluster for n in ("node2", "node3")}

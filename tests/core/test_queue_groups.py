@@ -257,6 +257,19 @@ def test_reset_of_group_with_outstanding_messages_moves_it_only_after_settle() -
     assert len(holders) == 1
 
 
+def test_a_group_s_oldest_pending_message_is_its_oldest_one_waiting() -> None:
+    h = Harness()
+    for h.now in (10 * MS, 20 * MS):
+        h.send("g")
+    assert [g.oldest_pending_ns for g in h.q.groups()] == [10 * MS]
+    h.sub("c1", prefetch=1)
+    assert [g.oldest_pending_ns for g in h.q.groups()] == [20 * MS]  # the first went out
+    h.close("c1")  # it comes back, first
+    assert [(g.pending, g.oldest_pending_ns) for g in h.q.groups()] == [(2, 10 * MS)]
+    h.sub("c2", prefetch=2)
+    assert [(g.pending, g.oldest_pending_ns) for g in h.q.groups()] == [(0, 0)]
+
+
 # ---- group keys: buckets, default group, headers ------------------------------------------------
 
 

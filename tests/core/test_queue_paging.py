@@ -14,6 +14,13 @@ def send(q: Queue, msg_id: int, group: str, may_page: bool = False) -> bool:
     return q.enqueue(m, 0, Effects(), may_page)
 
 
+def counts(q: Queue) -> tuple[int, ...]:
+    """pending, in flight, paged, consumers, groups (tests/core/test_queue_metrics.py checks
+    the rest)."""
+    c = q.counts()
+    return (c.pending, c.in_flight, c.paged, c.consumers, c.groups)
+
+
 def stored(msg_ids: list[int], group: str) -> list[Message]:
     """The messages as the store gives them back."""
     return [Message(i, "q", "q", b"x", {GROUP_ID_HEADER: group}, persistent=True) for i in msg_ids]
@@ -26,9 +33,11 @@ def test_a_group_pages_behind_its_first_paged_message_and_reads_back_in_order() 
     assert send(q, 3, "a")  # the address has room again, but it must not overtake 2
     assert not send(q, 4, "b")  # another group is not held back
     assert (q.paged, q.depth) == (2, 4)
+    assert counts(q) == (4, 0, 2, 0, 2)
     fx = Effects()
     q.subscribe("c", "c", 10, 0, fx)
     assert [d.message.msg_id for d in fx.deliveries] == [1, 4]
+    assert counts(q) == (2, 2, 2, 1, 2)
     assert q.wanted(10, 10) == [("a", [2, 3])]
     fx = Effects()
     assert q.unpage("a", [2, 3], stored([2, 3], "a"), 0, fx)
@@ -51,7 +60,9 @@ def test_a_stuck_owner_spills_its_waiting_messages_in_front_of_its_page() -> Non
     assert [m.msg_id for m in spilled] == [3, 2]  # newest first; 1 is at the consumer
     assert q.meter.bytes == before - sum(m.size for m in spilled)
     assert (q.paged, q.depth) == (3, 4)
+    assert counts(q) == (3, 1, 3, 1, 1)
     assert q.wanted(10, 10) == []  # its owner has no credit: nothing to read back yet
     fx = Effects()
     q.ack("stuck", [1], 0, fx)
+    assert (q.totals.enqueued, q.totals.acked) == (4, 1)
     assert q.wanted(10, 10) == [("a", [2, 3, 4])]  # oldest first, the spilled ones in front

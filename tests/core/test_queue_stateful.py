@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from broker.config import QueueConfig
+from broker.dispatch import DEEP
 from broker.effects import Effects
 from broker.group_state import DETACHING, HELD, OWNED, OWNERSHIP, UNOWNED, state_name
 from broker.message import Message
@@ -95,7 +96,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.per_key[key] += 1
         self.sent += 1
         fx = Effects()
-        m = Message(msg_id, "q", "q", b"", headers, persistent=True)
+        m = Message(msg_id, "q", "q", b"", headers, persistent=True, enqueued_ns=self.now + 1)
         paged_before = self.disk[key] != []
         if self.q.enqueue(m, self.now, fx, may_page=self.paging):
             self.disk[key].append(m)
@@ -260,6 +261,46 @@ class QueueMachine(RuleBasedStateMachine):
         in_memory = self.q.held()  # what the meter counts: paged messages are not in it
         assert self.q.bytes == self.q.meter.bytes == sum(m.size for m in in_memory)
         assert all(m.size > 0 for m in in_memory)
+
+    @invariant()
+    def counts_agree_with_a_walk(self) -> None:
+        """The figures /metrics reads, kept as messages move, are what walking the queue
+        finds; the totals are what the ledger saw."""
+        if not hasattr(self, "q"):
+            return
+        q, groups = self.q, self.q._groups.values()
+        c = q.counts()
+        assert c.owned == sum(1 for g in groups if g.owner is not None)
+        assert c.held == sum(1 for g in groups if g.state & HELD)
+        waiting = [g for g in groups if g.owner is None and (g.pending or g.page)]
+        assert c.unowned_waiting == len(waiting)
+        unacked = [m for cs in q._consumers.values() for m in cs.unacked.values()]
+        assert (c.memory_bytes, c.in_flight_bytes) == (q.bytes, sum(m.size for m in unacked))
+        totals = q.totals
+        assert (totals.enqueued, totals.delivered) == (self.sent, self.deliveries_seen)
+        assert totals.acked + totals.dead_lettered <= len(self.settled)  # taken ones too
+        assert sum(cs.delivered for cs in q._consumers.values()) <= totals.delivered
+        assert sum(cs.acked for cs in q._consumers.values()) <= totals.acked
+
+    @invariant()
+    def lagging_groups_are_all_found(self) -> None:
+        """With room for every group, the top lagging lists hold every group with a backlog
+        past DEEP, and every one in a run queue or held with messages waiting."""
+        if not hasattr(self, "q"):
+            return
+        by_backlog, by_age = self.q.lagging(len(self.q._groups) + 1)
+        groups = self.q._groups
+        deep = {k for k, g in groups.items() if g.backlog() >= DEEP}
+        assert deep <= {r.group for r in by_backlog}
+        for r in by_backlog:
+            assert r.backlog == groups[r.group].backlog() > 0
+        movable = {
+            k
+            for k, g in groups.items()
+            if g.pending is not None and (g.slot is not None or g.state & HELD)
+        }
+        assert movable <= {r.group for r in by_age}
+        assert [r.oldest_ns for r in by_age] == sorted(r.oldest_ns for r in by_age)
 
     @invariant()
     def one_consumer_per_group(self) -> None:

@@ -8,7 +8,10 @@ nothing lost, doubled or reordered, no group at two consumers, one route per bin
 epoch; it prints the failover moments the report found, with their gaps.
 
 Every cluster has a project name and host ports of its own, and is removed with its volumes
-after, pass or fail. Without a Docker engine these tests skip, except under CI=true.
+after, pass or fail. Its nodes speak TLS and want a user: every client, the CLI and stomp.py
+alike, comes over TLS as the user admin of the development secrets (secrets/, `make secrets`).
+Without a Docker engine these tests skip, except under CI=true. The image is built as
+pinmq:test, or as $PINMQ_TEST_IMAGE (two checkouts testing on one engine at once).
 """
 
 from __future__ import annotations
@@ -26,19 +29,20 @@ from typing import Any
 
 import pytest
 import waiting
-from compose_nodes import REPO, SERVICES, ComposeCluster, build_image, compose_env
+from compose_nodes import REPO, SERVICES, VOLUMES, ComposeCluster, build_image, compose_env
 from ha_load import QUEUE, HaLoad
 from log_levels import loud, stopped
 from ports import reserve_port
+from watchdog import watchdog
 
-from broker.client import Client
 from broker.info import HaPairStatus
 from cluster.bridge import sf_queue
 
 pytestmark = pytest.mark.slow  # container drills: an image build, then a minute a drill
 
-IMAGE = "pinmq:test"
+IMAGE = os.environ.get("PINMQ_TEST_IMAGE", "pinmq:test")
 KINDS = ("client", "stomp", "http")  # the ports `make up` prints for each node
+DRILL_LIMIT_S = 360  # a drill takes 60-80 s under CI's load: past this one hangs
 
 
 @pytest.fixture(scope="module")
@@ -51,18 +55,19 @@ async def drill(
     tmp_path: Path, image: str, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[tuple[ComposeCluster, HaLoad]]:
     cluster = ComposeCluster(tmp_path, image, monkeypatch)
-    load = HaLoad(cluster, tmp_path / "history")
+    load = HaLoad(cluster, tmp_path / "history", cluster.access)
     try:
-        await asyncio.to_thread(cluster.start)
-        await load.start()
-        yield cluster, load
+        async with watchdog(DRILL_LIMIT_S, "the container drill"):
+            try:
+                await asyncio.to_thread(cluster.start)
+                await load.start()
+                yield cluster, load
+            finally:
+                await load.close()
     finally:
-        try:
-            await load.close()
-        finally:
-            logs = await asyncio.to_thread(cluster.compose, "logs", "--no-color", "-t")
-            (tmp_path / "containers.log").write_text(logs)  # kept for a failure's post-mortem
-            await asyncio.to_thread(cluster.down)
+        logs = await asyncio.to_thread(cluster.compose, "logs", "--no-color", "-t")
+        (tmp_path / "containers.log").write_text(logs)  # kept for a failure's post-mortem
+        await asyncio.to_thread(cluster.down)
 
 
 async def under_way(sends: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
@@ -74,7 +79,7 @@ async def under_way(sends: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
 
 async def pair_status(cluster: ComposeCluster) -> HaPairStatus:
     """The pair as node2 last heard of it."""
-    async with Client(cluster.client_url("node2")) as client:
+    async with cluster.client(cluster.client_url("node2")) as client:
         [pair] = (await client.cluster_status()).ha
     return pair
 
@@ -156,7 +161,7 @@ async def test_docker_pause_of_node1_it_fences_itself_and_rejoins_as_the_backup(
 
 async def linked(cluster: ComposeCluster, url: str, peer: str) -> bool:
     """Whether the node at `url` has a live cluster link to `peer`."""
-    async with Client(url) as client:
+    async with cluster.client(url) as client:
         return (await client.cluster_status()).connected.get(peer, False)
 
 
@@ -257,10 +262,15 @@ def make(target: str, env: dict[str, str]) -> str:
 
 
 def shell(command: str, env: dict[str, str]) -> str:
-    """A line from the README or from `make up`, as a user runs it (the venv on PATH)."""
+    """A line from the README or from `make up`, as a user runs it: from the repository (where
+    `source secrets/client.env` finds the CLI's settings), the venv on PATH."""
     path = f"{REPO / '.venv' / 'bin'}:{env['PATH']}"
     done = subprocess.run(
-        ["bash", "-c", command], env={**env, "PATH": path}, capture_output=True, text=True
+        ["bash", "-c", command],
+        cwd=REPO,
+        env={**env, "PATH": path},
+        capture_output=True,
+        text=True,
     )
     assert done.returncode == 0, f"{command}:\n{done.stdout}\n{done.stderr}"
     return done.stdout
@@ -317,7 +327,8 @@ def test_make_up_prints_working_endpoints_and_make_down_keeps_the_data(
     `make down` removes the containers and keeps the volumes, so a second `make up` still has
     what was sent. Under a project and host ports of its own (PINMQ_<NODE>_<KIND>_PORT). The
     fresh cluster is elected at epoch 1, and no node logs anything at warning or above from
-    its start until `make down` stopped it."""
+    its start until `make down` stopped it. The try line logs in with `make secrets`'s
+    client.env, as the README's tours do."""
     env = {**os.environ, **compose_env(tmp_path, image)}
     ports = {name: {kind: reserve_port() for kind in KINDS} for name in SERVICES}
     for name, kinds in ports.items():
@@ -340,6 +351,7 @@ def test_make_up_prints_working_endpoints_and_make_down_keeps_the_data(
             f"127.0.0.1:{ports['node1']['client']},127.0.0.1:{ports['node1-backup']['client']}"
             in tried
         )
+        assert tried.startswith("source secrets/client.env && pinmq send "), tried
         lines = shell(tried, env).splitlines()
         assert lines[0] == "sent 5 messages to orders in group g1"
         got = [json.loads(line) for line in lines[1:]]
@@ -347,7 +359,8 @@ def test_make_up_prints_working_endpoints_and_make_down_keeps_the_data(
             ("g1", i, "hi") for i in range(1, 6)
         ]
         node2 = f"127.0.0.1:{ports['node2']['client']}"
-        shell(f"pinmq send orders --url {node2} --group kept --count 3 --body kept", env)
+        login = "source secrets/client.env && "
+        shell(f"{login}pinmq send orders --url {node2} --group kept --count 3 --body kept", env)
         followers = following_logs(tmp_path, env)
         make("down-docker", env)
         logs = followed_to_the_end(tmp_path, followers)
@@ -355,9 +368,11 @@ def test_make_up_prints_working_endpoints_and_make_down_keeps_the_data(
         loud_lines = {n: found for n, lines in logs.items() if (found := loud(lines))}
         assert not loud_lines, json.dumps(loud_lines, indent=1)
         assert project_objects("container", project) == []
-        assert len(project_objects("volume", project)) == len(SERVICES)
+        assert len(project_objects("volume", project)) == len(VOLUMES)
         make("up-docker", env)
-        again = shell(f"pinmq consume orders --url {node2} --count 3 --json --timeout 30", env)
+        again = shell(
+            f"{login}pinmq consume orders --url {node2} --count 3 --json --timeout 30", env
+        )
         assert [json.loads(line)["body"] for line in again.splitlines()] == ["kept"] * 3
     finally:
         subprocess.run(

@@ -4,7 +4,10 @@ The cluster is `pinmq up` over the shipped `deploy/node{1,1-backup,2,3}.yaml`, u
 fixed ports (7601-7603, ...) are free because the nodes and the tours run in a private network
 namespace (`unshare --net`): a developer's own `make up` or a second test run never clashes.
 The command blocks are parsed from README.md, not copied; a marker line is printed before each
-command, so every command's output is checked against what the block's comments claim.
+command, so every command's output is checked against what the block's comments claim. The
+nodes speak TLS and want a user, as `make up`'s do: they run where secrets/ is the
+repository's (the development secrets of `make secrets`), and the tours, which start with
+`source secrets/client.env`, run from the repository root as a user's would.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 
 import pytest
 from conftest import PINMQ, REPO
+from deploy_access import SECRETS, dev_access
 
 pytestmark = pytest.mark.slow  # the tours take 40 s and more: a module fixture, for all of them
 
@@ -35,13 +39,18 @@ RUN_TIMEOUT_S = 240
 TOOL_CACHES = frozenset({".hypothesis", ".pytest_cache", ".ruff_cache", "__pycache__"})
 
 
-def readme_block(heading: str) -> list[str]:
-    """The commands of the first ```sh block under `## heading` (comment-only lines dropped)."""
+def readme_script(heading: str) -> str:
+    """The first ```sh block under `## heading`, whole (it may hold a here-document)."""
     text = (REPO / "README.md").read_text()
     section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
     block = re.search(r"```sh\n(.*?)```", section, re.S)
     assert block is not None, f"no sh block under {heading!r}"
-    joined = block.group(1).replace("\\\n", " ")
+    return block.group(1)
+
+
+def readme_block(heading: str) -> list[str]:
+    """The commands of the first ```sh block under `## heading` (comment-only lines dropped)."""
+    joined = readme_script(heading).replace("\\\n", " ")
     return [line for line in joined.splitlines() if line.strip() and not line.startswith("#")]
 
 
@@ -70,6 +79,7 @@ class Tours:
     hint: str  # what the example printed by `pinmq up` printed
     cluster: Tour
     one_node: Tour
+    stomp: Tour
     left_in_repo: list[str]  # names that appeared in the repository root while they ran
 
 
@@ -112,12 +122,18 @@ def tours(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tours]:
     """Start the cluster, run both tours in order as a user would, stop the cluster."""
     if shutil.which("unshare") is None or shutil.which("ip") is None:
         pytest.fail("unshare and ip (util-linux, iproute2) are needed: see tests/prerequisites.py")
+    dev_access()  # secrets/ made now, not while the tours run (they check the repository)
     work = tmp_path_factory.mktemp("tour")
     shutil.copytree(REPO / "deploy", work / "deploy")
+    (work / "secrets").symlink_to(SECRETS)  # where the configs name them, from `pinmq up`'s cwd
     (work / "tmp").mkdir()
     names = ("node1", "node1-backup", "node2", "node3")  # as `make up` starts them
     configs = [str(work / "deploy" / f"{name}.yaml") for name in names]
-    blocks = [readme_block("A cluster tour"), readme_block("Groups on one node")]
+    blocks = [
+        readme_block("A cluster tour"),
+        readme_block("Groups on one node"),
+        [readme_script("STOMP")],  # one command: its Python is a here-document
+    ]
     pinmq = PINMQ
     up = shlex.join([*pinmq, "up", *configs, "--run-dir", str(work / "run")])
     down = shlex.join([*pinmq, "down", "--run-dir", str(work / "run")])
@@ -156,13 +172,13 @@ def tours(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tours]:
     )
     assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout}\n{done.stderr}\n{logs}"
     scratch = dict(re.findall(rf"^{re.escape(SCRATCH)}(\d+) (.*)$", done.stdout, re.M))
-    assert len(scratch) == 2, f"the tours did not end in their scratch directories:\n{done.stdout}"
-    cluster, one_node = (
+    assert len(scratch) == len(blocks), f"a tour ended elsewhere:\n{done.stdout}"
+    cluster, one_node, stomp = (
         Tour(commands, split_outputs(done.stdout, i, len(commands)), Path(scratch[str(i)]))
         for i, commands in enumerate(blocks)
     )
     hint = done.stdout.split(f"{HINT}\n", 1)[1].split(f"\n{MARK}", 1)[0]
-    yield Tours(hint, cluster, one_node, sorted({p.name for p in REPO.iterdir()} - before))
+    yield Tours(hint, cluster, one_node, stomp, sorted({p.name for p in REPO.iterdir()} - before))
 
 
 def test_the_example_printed_by_up_sends_and_consumes_a_group(tours: Tours) -> None:
@@ -238,3 +254,8 @@ def test_the_one_node_tour_gives_each_worker_one_group_in_order(
 
 def test_the_tours_write_nothing_into_the_repository(tours: Tours) -> None:
     assert tours.left_in_repo == []
+
+
+def test_the_stomp_example_logs_in_over_tls_and_its_message_arrives(tours: Tours) -> None:
+    [got] = [json.loads(line) for line in tours.stomp.outputs[0].splitlines() if line[:1] == "{"]
+    assert (got["group"], got["group_seq"], got["body"]) == ("dave", 1, "order 1")

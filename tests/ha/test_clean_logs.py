@@ -1,7 +1,9 @@
 """A healthy start and a clean stop log nothing at warning or above: `make up-local` (`pinmq up`
 of deploy/node1.yaml, node1-backup.yaml, node2.yaml, node3.yaml) and `pinmq down`, with the
 configs rewritten to temporary data dirs and reserved ports. States that are normal while the
-pair elects or a peer stops are logged at info; the pair is elected once, at epoch 1."""
+pair elects or a peer stops are logged at info; the pair is elected once, at epoch 1. The
+nodes keep their TLS and security (the development secrets of `make secrets`, by absolute
+path), so the CLI and HTTP calls come over TLS, as the user admin."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import REPO, cli, get
+from deploy_access import ClientAccess, dev_access
 from log_levels import loud, stopped
 from ports import reserve_port
 from waiting import wait
@@ -23,7 +26,8 @@ pytestmark = pytest.mark.slow
 
 def deploy_configs(tmp_path: Path) -> dict[str, tuple[Path, dict[str, Any]]]:
     """deploy/<node>.yaml with every listen address on a reserved port (connectors and the
-    backup's ha.primary following), data in `tmp_path`, logs as JSON."""
+    backup's ha.primary following), data in `tmp_path`, logs as JSON, the secrets/ files by
+    absolute path (`make up-local` runs the nodes from the repository; pytest may not)."""
     configs = {n: yaml.safe_load((REPO / "deploy" / f"{n}.yaml").read_text()) for n in NODES}
     moved = {
         address: f"127.0.0.1:{reserve_port()}"
@@ -38,15 +42,19 @@ def deploy_configs(tmp_path: Path) -> dict[str, tuple[Path, dict[str, Any]]]:
         if config.get("ha", {}).get("primary"):
             config["ha"]["primary"] = moved[config["ha"]["primary"]]
         config["log"]["format"] = "json"
+        tls, security = config["tls"], config["security"]  # relative to the repository
+        for key in ("cert", "key", "ca"):
+            tls[key] = str(REPO / tls[key])
+        security["users-file"] = str(REPO / security["users-file"])
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(config))
         written[name] = (path, config)
     return written
 
 
-def pair_as_heard(config: dict[str, Any]) -> dict[str, Any] | None:
+def pair_as_heard(config: dict[str, Any], access: ClientAccess) -> dict[str, Any] | None:
     """The pair as a node knows it (`pinmq status --json`): from its voter's record."""
-    status = cli("status", "--json", "--url", config["listen"]["client"])
+    status = cli("status", "--json", "--url", config["listen"]["client"], *access.cli_args())
     if status.returncode != 0:
         return None
     pairs = json.loads(status.stdout)["ha"]
@@ -54,6 +62,7 @@ def pair_as_heard(config: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def test_make_up_local_and_down_log_nothing_at_warning_or_above(tmp_path: Path) -> None:
+    access = dev_access()
     configs = deploy_configs(tmp_path)
     run = tmp_path / "run"
     started = cli("up", *(str(path) for path, _ in configs.values()), "--run-dir", str(run))
@@ -64,12 +73,15 @@ def test_make_up_local_and_down_log_nothing_at_warning_or_above(tmp_path: Path) 
         for voter in ("node2", "node3"):
             wait(
                 f"{voter} hears the backup is in sync",
-                lambda v=voter: (pair_as_heard(configs[v][1]) or {}).get("backup_in_sync"),
+                lambda v=voter: (pair_as_heard(configs[v][1], access) or {}).get("backup_in_sync"),
             )
         backup = configs["node1-backup"][1]["listen"]["http"]
-        wait("the backup knows it is in sync", lambda: get(backup, "/readyz")[1]["ha"]["in_sync"])
+        wait(
+            "the backup knows it is in sync",
+            lambda: get(backup, "/readyz", access.tls)[1]["ha"]["in_sync"],
+        )
         # The backup serves no clients: the others say what they know.
-        pairs = [pair_as_heard(configs[name][1]) for name in ("node1", "node2", "node3")]
+        pairs = [pair_as_heard(configs[name][1], access) for name in ("node1", "node2", "node3")]
     finally:
         down = cli("down", "--run-dir", str(run))
     assert down.returncode == 0, down.stdout + down.stderr

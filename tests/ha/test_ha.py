@@ -23,8 +23,10 @@ from ha_load import AUDIT, HaLoad
 from ha_load import GROUPS as LOAD_GROUPS
 from ha_nodes import BACKUP, PRIMARY, HaCluster, ha_detail, ready, serving
 from waiting import until
+from watchdog import watchdog
 
 pytestmark = pytest.mark.slow  # failover drills under audited load, each a minute or so
+DRILL_LIMIT_S = 300  # a drill takes up to a minute under CI's load: past this one hangs
 
 
 @asynccontextmanager
@@ -34,14 +36,33 @@ async def drill(tmp_path: Path, **cluster: Any) -> AsyncIterator[tuple[HaCluster
     ha = HaCluster(tmp_path / "nodes", extra=AUDIT, **cluster)
     load = HaLoad(ha, tmp_path / "history")
     try:
-        ha.start()
-        await load.start()
-        yield ha, load
+        async with watchdog(DRILL_LIMIT_S, "the drill"):
+            try:
+                ha.start()
+                await load.start()
+                yield ha, load
+            except BaseException:
+                _print_pair_history(ha)
+                raise
+            finally:
+                await load.close()
     finally:
-        try:
-            await load.close()
-        finally:
-            ha.kill_all()
+        ha.kill_all()
+
+
+PAIR_EVENTS = ("failover state", "serving", "took over", "in sync", "stopped", "started")
+
+
+def _print_pair_history(ha: HaCluster) -> None:
+    """A failed drill shows how the pair moved (pytest prints it with the failure): which
+    process stood, won, lost or synced when, and whether one exited."""
+    for name in (PRIMARY, BACKUP):
+        node = ha.nodes[name]
+        proc = node.proc
+        print(f"---- {name} (exit code {proc.poll() if proc else None}) ----")
+        for line in node.log().splitlines():
+            if any(event in line for event in PAIR_EVENTS) or '"level": "error"' in line:
+                print(line[:400])
 
 
 async def test_kill_9_of_the_primary_under_load_the_backup_takes_over(

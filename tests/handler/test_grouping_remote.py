@@ -141,9 +141,10 @@ async def test_answers_of_an_arbiter_older_than_the_newest_heard_are_ignored(
         local_node(tmp_path / "new", epoch=2) as new,
     ):
         target = [new.address]
-        # Long enough for an answer from the old arbiter on a loaded machine: the message
-        # names the last answer heard, not the attempt the deadline cut short.
-        async with remote_handler(lambda: target[0], timeout=1500) as remote:
+        # Long enough for a first answer (a connection, a stream, a durable binding) and for
+        # one of the old arbiter on a loaded machine (CI saw 1.5 s pass without the first):
+        # the message names the last answer heard, not the attempt the deadline cut short.
+        async with remote_handler(lambda: target[0], timeout=5000) as remote:
             assert await remote.decide("g1", "orders", "n-remote") == Binding(
                 "g1", "orders", "n-remote", 2
             )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from conftest import unique
 
@@ -110,3 +112,21 @@ def test_sync_client(url: str) -> None:
         assert [(m.text, m.group_seq) for m in got] == [("m0", 1), ("m1", 2), ("m2", 3)]
         assert [m.text for m in client.consume(q, 10, timeout=0.5)] == ["m3", "m4"]
         assert client.consume(q, 1, timeout=0.2) == []
+
+
+async def test_a_receive_cancelled_as_its_wait_ends_is_cancelled(url: str) -> None:
+    """The cancel must win: Python 3.11's `asyncio.wait_for` dropped a cancel that came as the
+    awaited event was set, and a consumer loop cancelled that way never ended (a drill's
+    clean-up hung on it)."""
+    queue = unique()
+    async with Client(url) as client:
+        await client.create_queue(queue)
+        async with client.consumer(queue) as consumer:
+            receiving = asyncio.create_task(consumer.receive(timeout=30))
+            await asyncio.sleep(0.2)
+            consumer._arrived.set()  # what a delivery does
+            await asyncio.sleep(0)  # the wait wakes up
+            receiving.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                async with asyncio.timeout(5):
+                    await receiving

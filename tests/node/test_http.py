@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import urllib.error
 import urllib.request
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 from cluster_nodes import ClusterNodes, grouping
-from conftest import NodeProcess, get
+from conftest import NodeProcess, cli, get
 
 from broker.readiness import assess
 
@@ -55,6 +56,7 @@ def pair(tmp_path: Path) -> Iterator[ClusterNodes]:
 def test_a_remote_node_is_ready_only_while_it_reaches_the_local_handler(
     pair: ClusterNodes,
 ) -> None:
+    """`/readyz` says why not, and so does `pinmq status --cluster` (once)."""
     n1, n2 = pair.nodes["n1"], pair.nodes["n2"]
     status, body = get(n1.http, "/readyz")
     assert status == 200 and body["role"] == "arbiter"
@@ -70,9 +72,16 @@ def test_a_remote_node_is_ready_only_while_it_reaches_the_local_handler(
     assert body["ready"] is False and body["peers"] == {"n1": False}
     assert body["reasons"] == ["LOCAL grouping handler n1 not reachable"]
     assert get(n2.http, "/healthz")[0] == 200  # alive all the same: no reason to restart it
+    status = cli("status", "--cluster", "--url", n2.url)
+    assert status.stdout.count("not ready:") == 1, status.stderr
+    assert "not ready: LOCAL grouping handler n1 not reachable" in status.stdout
+    as_json = json.loads(cli("status", "--json", "--url", n2.url).stdout)
+    assert as_json["not_ready"] == ["LOCAL grouping handler n1 not reachable"]
 
     pair.start("n1")
     pair.wait("n2 to be ready again", lambda: get(n2.http, "/readyz")[0] == 200)
+    status = cli("status", "--cluster", "--url", n2.url)
+    assert status.returncode == 0 and "not ready" not in status.stdout
 
 
 # ---- the decision itself (pure) ------------------------------------------------------------

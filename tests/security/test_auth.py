@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import NodeProcess, cli, unique
+from conftest import NodeProcess, Scrape, cli, get, unique
+from ports import reserve_port
 from stomp_helpers import Raw
-from waiting import until
+from waiting import until, wait
 
 from broker.audit import read_events, segments
 from broker.client import Client, Forbidden, Unauthenticated
@@ -212,7 +213,8 @@ def test_the_cli_takes_a_user_and_a_password_file_never_a_password_in_argv(
     assert PASSWORDS["app"] not in sent.stderr + sent.stdout + created.stderr + created.stdout
 
 
-def http_get(address: str, path: str, user: str | None = None) -> int:
+def http_get(address: str, path: str, user: str | None = None) -> tuple[int, bytes]:
+    """(status, body) of GET http://address/path, as `user` (basic authentication) if given."""
     host, _, port = address.rpartition(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=10)
     headers = {}
@@ -221,18 +223,63 @@ def http_get(address: str, path: str, user: str | None = None) -> int:
         headers["Authorization"] = f"Basic {token}"
     try:
         conn.request("GET", path, headers=headers)
-        return conn.getresponse().status
+        reply = conn.getresponse()
+        return reply.status, reply.read()
     finally:
         conn.close()
 
 
 def test_http_probes_stay_open_and_every_other_path_needs_manage(secured: Secured) -> None:
     http = secured.node.http
-    assert http_get(http, "/healthz") == 200
-    assert http_get(http, "/readyz") == 200
-    assert http_get(http, "/metrics") == 401
-    assert http_get(http, "/metrics", "ops") == 403
-    assert http_get(http, "/metrics", "admin") == 404  # past the guard: nothing there yet
+    assert http_get(http, "/healthz")[0] == 200
+    assert http_get(http, "/readyz")[0] == 200
+    assert http_get(http, "/metrics")[0] == 401
+    assert http_get(http, "/metrics", "ops")[0] == 403
+    status, body = http_get(http, "/metrics", "admin")
+    assert status == 200
+    assert Scrape.parse(body.decode()).value("pinmq_memory_limit_bytes") > 0
+    assert http_get(http, "/nope", "admin")[0] == 404  # past the guard: nothing there
+    for console in ("/", "/console/console.js", "/api/cluster", "/api/groups?group=g"):
+        assert http_get(http, console)[0] == 401
+        assert http_get(http, console, "ops")[0] == 403
+        assert http_get(http, console, "admin")[0] == 200
+
+
+def test_a_passive_pair_process_guards_its_metrics_and_console_too(
+    secured: Secured, tmp_path: Path
+) -> None:
+    """A backup whose primary never answers stays passive: it serves only listen.http, and
+    its metrics (its failover role) and its console need `manage` like the active node's."""
+    extra = {
+        "node": {"id": "lone-backup"},
+        "listen": {"cluster": f"127.0.0.1:{reserve_port()}"},
+        "cluster": {"connectors": [f"127.0.0.1:{reserve_port()}"]},  # a voter that never answers
+        "grouping-handler": {"type": "LOCAL"},
+        "ha": {"role": "backup", "primary": f"127.0.0.1:{reserve_port()}"},
+        "security": {"enabled": True, "users-file": str(secured.users_file), "roles": ROLES},
+    }
+
+    def up() -> bool:
+        return get(backup.http, "/healthz")[0] == 200
+
+    backup = NodeProcess(tmp_path, extra).start(wait=False)
+    try:
+        wait("the backup's listen.http", up, ignoring=(OSError,))
+        assert http_get(backup.http, "/metrics")[0] == 401
+        assert http_get(backup.http, "/metrics", "ops")[0] == 403
+        status, body = http_get(backup.http, "/metrics", "admin")
+        assert status == 200
+        scraped = Scrape.parse(body.decode())
+        roles = {s.labels["role"]: s.value for s in scraped.samples if s.name == "pinmq_ha_role"}
+        assert sum(roles.values()) == 1 and roles["passive"] + roles["pre-candidate"] == 1
+        assert scraped.value("pinmq_ha_backup_in_sync", node="lone-backup") == 0
+        assert scraped.labels("pinmq_queue_pending_messages") == []  # no node runs here
+        assert http_get(backup.http, "/api/cluster")[0] == 401
+        status, body = http_get(backup.http, "/api/cluster", "admin")
+        assert status == 200  # its console says that it is passive, and why
+        assert json.loads(body)["readiness"]["reasons"][0].startswith("passive: ")
+    finally:
+        backup.kill()
 
 
 async def test_a_user_added_to_the_file_logs_in_without_a_restart(secured: Secured) -> None:

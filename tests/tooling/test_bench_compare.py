@@ -19,7 +19,7 @@ from conftest import REPO
 
 ROOT = REPO
 OUTPUTS = Path(__file__).resolve().parent / "data" / "bench_outputs"
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.append(str(ROOT / "bench"))  # after the standard library (bench/profile.py)
 
 import compare  # noqa: E402
 from compare import schedule  # noqa: E402

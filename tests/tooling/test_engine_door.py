@@ -34,8 +34,8 @@ ABOVE = ("pinmq", "cluster", "handler")
 # What the layers above may call on the core's objects: reads, no change.
 QUERIES = {
     "queue", "queues", "queues_of", "exists", "check_address", "duplicates", "admit",
-    "idle_queues", "is_idle", "groups", "consumers", "has_group", "consumer_groups",
-    "unacked", "group_key", "held_waiting", "held", "wanted",
+    "idle_queues", "is_idle", "counts", "groups", "consumers", "has_group", "consumer_groups",
+    "unacked", "group_key", "held_waiting", "held", "wanted", "lagging",
 }  # fmt: skip
 # Other objects whose methods share a mutator's name: (receiver, method).
 OTHERS = {
