@@ -107,6 +107,10 @@ class Member(Voter):
         self._promises: dict[str, int] = {}  # member -> promise good until
         self._next_beat = now
         self._peer_heard = now  # last accepted heartbeat reply from the peer
+        # Replication's word: the peer holds every write, and every new one waits for it. What
+        # the voters are told (`backup_in_sync`) also needs the peer heard within a
+        # failure-timeout; replication says it once per sync, so the member keeps it apart.
+        self._replica_in_sync = False
         self.backup_in_sync = False
         self._announced_seq = 0  # first heartbeat that carried the current backup_in_sync
         self._told: set[str] = set()  # voters that accepted it
@@ -149,11 +153,18 @@ class Member(Voter):
 
     def backup_synced(self, now: int) -> list[Send]:
         """Active: the peer now holds everything acknowledged, and gets every new write."""
-        return self._announce(True, now) if self.role is Role.ACTIVE else []
+        if self.role is not Role.ACTIVE:
+            return []
+        self._replica_in_sync = True
+        self._peer_heard = now
+        return self._announce(True, now)
 
     def backup_lost(self, now: int) -> list[Send]:
         """Active: the peer missed a write (gone, too slow): carry on once voters know."""
-        return self._announce(False, now) if self.role is Role.ACTIVE else []
+        if self.role is not Role.ACTIVE:
+            return []
+        self._replica_in_sync = False
+        return self._announce(False, now)
 
     def synced(self, epoch: int) -> None:
         """Passive: caught up with the active of `epoch`."""
@@ -342,7 +353,7 @@ class Member(Voter):
         self.changed = True
         self._seq = 0
         self._sent.clear()
-        self.backup_in_sync = False
+        self._replica_in_sync = self.backup_in_sync = False
         self._announced_seq = 1
         self._told = set()
         return self._beat(now)
@@ -351,7 +362,6 @@ class Member(Voter):
         if in_sync == self.backup_in_sync:
             return []
         self.backup_in_sync = in_sync
-        self._peer_heard = now
         self._announced_seq = self._seq + 1
         self._told = set()
         self.changed = True
@@ -382,10 +392,15 @@ class Member(Voter):
             self._promises[reply.sender] = max(self._promises.get(reply.sender, 0), until)
         if reply.seq >= self._announced_seq and reply.sender in self.voters:
             self._told.add(reply.sender)
-        if reply.sender == self.peer:
-            self._peer_heard = now
-        failback = reply.sender == self.peer and reply.wants_failback
-        if failback and self.backup_in_sync and self.may_serve(now):
+        if reply.sender != self.peer:
+            return []
+        self._peer_heard = now
+        if not self.backup_in_sync:
+            # Heard again after a silence (its heartbeats may wait out a reconnect backoff
+            # longer than replication takes to sync it): while replication holds it in sync,
+            # say so again; a failback waits until the voters heard that.
+            return self._announce(True, now) if self._replica_in_sync else []
+        if reply.wants_failback and self.may_serve(now):
             return self._release(now)
         return []
 

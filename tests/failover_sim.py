@@ -4,7 +4,10 @@ Four processes: the pair (node1, node1-backup) and two voters (node2, node3). Me
 delayed, lost and reordered; links are cut and healed; processes crash (keeping only what they
 persisted), restart, and freeze (SIGSTOP) while their peers carry on. Clients propose group
 bindings to whichever process serves; a toy replication (appends while the backup is in sync,
-snapshots to catch up) stands in for the store stream. After every step the simulation checks:
+snapshots to catch up) stands in for the store stream. As the real one (cluster/replication.py),
+it keeps its own word on whether the backup is in sync, apart from what the member last told the
+voters, and while the backup is in sync by that word every write waits for it. After every
+step the simulation checks:
 
 * no two processes may serve node1 at the same moment;
 * the process that serves holds every binding ever acknowledged, so no acknowledged binding is
@@ -83,6 +86,7 @@ class Proc:
     log: list[tuple[str, str]] = field(default_factory=list)  # durable bindings, in order
     pending: list[tuple[int, int]] = field(default_factory=list)  # (index, written at)
     replicated: int = 0  # active: highest index the peer applied at this epoch
+    replica_synced: bool = False  # active: its replication holds the peer in sync
     snapshot_at: int = -(10**9)
     held: list[Wire] = field(default_factory=list)  # delivered while frozen, read on waking
     restarts: int = 0
@@ -108,6 +112,7 @@ class Sim:
         self._n = 0
         self._stream_at: dict[tuple[str, str], int] = {}  # replication is FIFO per link
         self.cuts: dict[frozenset[str], int] = {}  # cut link -> heals at
+        self.muted: dict[frozenset[str], int] = {}  # link without failover messages -> until
         self.restart_at: dict[str, int] = {}
         self.acked: dict[str, str] = {}
         self.activations = 0
@@ -182,7 +187,10 @@ class Sim:
             _, _, to, message = heapq.heappop(self.net)
             proc = self.procs[to]
             sender = message.sender if hasattr(message, "sender") else message.candidate
-            if not proc.alive or frozenset((sender, to)) in self.cuts:
+            link = frozenset((sender, to))
+            if not proc.alive or link in self.cuts:
+                continue
+            if link in self.muted and not isinstance(message, Append | Snapshot | Applied):
                 continue
             if self.faults and self.rng.random() < 0.03:
                 continue
@@ -238,25 +246,31 @@ class Sim:
         ):
             if message.snapshot and message.index == len(proc.log):
                 proc.replicated = message.index
+                proc.replica_synced = True
                 self._emit(proc, node.backup_synced(now))
-            elif not message.snapshot and node.backup_in_sync:
+            elif not message.snapshot and proc.replica_synced:
                 proc.replicated = max(proc.replicated, message.index)
 
     def _serve(self, proc: Proc, node: Member) -> None:
         """The active's side: catch the backup up, acknowledge writes, take a client's."""
         now = self._local(proc)
-        if not node.backup_in_sync and now - proc.snapshot_at >= TIMING.heartbeat_interval:
+        if not proc.replica_synced and now - proc.snapshot_at >= TIMING.heartbeat_interval:
             proc.snapshot_at = now
             self._send(proc.name, node.peer, Snapshot(proc.name, node.epoch, tuple(proc.log)))
         while proc.pending:
             index, written = proc.pending[0]
             replicated = proc.replicated >= index
-            if node.may_ack(now, replicated):
+            if proc.replica_synced:  # the write waits for the backup, whatever voters know
+                acked = replicated and node.may_serve(now)
+            else:
+                acked = node.may_ack(now, replicated=False)
+            if acked:
                 proc.pending.pop(0)
                 self._ack(proc, proc.log[index - 1])
                 continue
             late = now - written > TIMING.failure_timeout // 2
-            if node.backup_in_sync and not replicated and late:
+            if proc.replica_synced and not replicated and late:
+                proc.replica_synced = False
                 self._emit(proc, node.backup_lost(now))
             break
         if self.rng.random() < 0.3 and node.may_serve(now):
@@ -277,7 +291,7 @@ class Sim:
         proc.log.append((group, target))
         index = len(proc.log)
         proc.pending.append((index, self._local(proc)))
-        if node.backup_in_sync:
+        if proc.replica_synced:
             self._send(proc.name, node.peer, Append(proc.name, node.epoch, index, (group, target)))
 
     def _ack(self, proc: Proc, entry: tuple[str, str]) -> None:
@@ -291,7 +305,7 @@ class Sim:
     def _after(self, proc: Proc, node: Member, before: Role) -> None:
         if node.role is Role.ACTIVE and before is not Role.ACTIVE:
             self.activations += 1
-            proc.replicated, proc.pending = 0, []
+            proc.replicated, proc.pending, proc.replica_synced = 0, [], False
             self._note(f"{proc.name} active at epoch {node.epoch}")
         elif before is Role.ACTIVE and node.role is not Role.ACTIVE:
             proc.pending = []  # not acknowledged: the clients hear an error
@@ -321,14 +335,21 @@ class Sim:
         self.cuts[frozenset((a, b))] = self.now + duration
         self._note(f"link {a}-{b} cut")
 
+    def mute(self, a: str, b: str, duration: int) -> None:
+        """Drop the failover messages between `a` and `b` for `duration`, not replication's:
+        its own connection runs while the heartbeats' channel waits out a reconnect backoff."""
+        self.muted[frozenset((a, b))] = self.now + duration
+        self._note(f"failover messages {a}-{b} muted")
+
     def _faults(self) -> None:
         for name, at in list(self.restart_at.items()):
             if at <= self.now:
                 del self.restart_at[name]
                 self.restart(name)
-        for link, at in list(self.cuts.items()):
-            if at <= self.now:
-                del self.cuts[link]
+        for links in (self.cuts, self.muted):
+            for link, at in list(links.items()):
+                if at <= self.now:
+                    del links[link]
         if not self.faults or self.now > HORIZON - CALM:
             return  # the last stretch is calm: the cluster must settle
         rng = self.rng

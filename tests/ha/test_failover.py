@@ -205,6 +205,20 @@ def test_failback_hands_node1_back_to_the_primary_at_a_new_epoch() -> None:
     assert member(sim, PRIMARY).epoch > backup_epoch and member(sim, BACKUP).in_sync
 
 
+def test_a_backup_heard_again_while_replication_held_it_in_sync_is_in_sync_again() -> None:
+    # Replication says "in sync" once, over its own connection; the active's heartbeats to the
+    # backup may be lost for longer than failure-timeout meanwhile (a restarted backup's channel
+    # in reconnect backoff). The active tells the voters it is out of sync then, and must say
+    # it is in sync again once it hears the backup, or a failback never starts.
+    sim = started()
+    sim.mute(PRIMARY, BACKUP, duration=300)
+    sim.run(until=sim.now + 250)
+    assert sim.serving() == [PRIMARY] and not member(sim, PRIMARY).backup_in_sync
+    sim.run(until=sim.now + 300)
+    assert sim.procs[PRIMARY].replica_synced  # replication held it in sync all along
+    assert member(sim, PRIMARY).backup_in_sync and member(sim, BACKUP).in_sync
+
+
 def test_kill_9_of_the_backup_the_primary_carries_on_then_the_backup_catches_up() -> None:
     sim = started()
     sim.crash(BACKUP, restart_in=400)
