@@ -243,6 +243,10 @@ class RemoteHandler(GroupingHandler):
         if queue is not None:
             request.queue = queue
         reply = await self._admin("Unbind", request)
+        # Read your own reset: the LOCAL node's removals reach this cache on their own stream,
+        # maybe after the next send through this node, which would follow the old binding.
+        for key in [k for k in self._cache if k[0] == group and queue in (None, k[1])]:
+            del self._cache[key]
         return reply.removed
 
     async def _admin(self, method: str, request: Any) -> Any:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from handler_nodes import WAIT_S, CallCounter, local_node, remote_handler, stored_rows
+from handler_nodes import WAIT_S, CallCounter, local_node, remote_handler, section, stored_rows
 from waiting import until
 
 from handler.api import (
@@ -19,6 +19,7 @@ from handler.api import (
     HandlerUnavailable,
     RemovalReason,
 )
+from handler.remote import RemoteHandler
 
 # ---- REMOTE ----------------------------------------------------------------------------------
 
@@ -342,3 +343,22 @@ async def test_remote_lists_and_unbinds_through_the_local_node(tmp_path: Path) -
         assert await remote.unbind("g1") == 1
         assert await remote.unbind("g1") == 0
         assert [b.key for b, _ in local.handler.arbiter.bindings()] == [("g2", "orders")]
+
+
+async def test_a_remote_that_unbinds_a_group_asks_again_before_its_removal_arrives(
+    tmp_path: Path,
+) -> None:
+    # The removals stream is not subscribed (never started): only unbind's own answer can
+    # make the next decision of the group on this node ask the LOCAL node again.
+    async with local_node(tmp_path) as local:
+        remote = RemoteHandler(lambda: local.address, section("REMOTE"), "n2")
+        try:
+            assert await remote.decide("g1", "orders", "n2") == Binding("g1", "orders", "n2", 1)
+            await remote.decide("g1", "invoices", "n2")
+            assert await remote.unbind("g1", "orders") == 1
+            assert remote.cached("g1", "orders") is None
+            assert remote.cached("g1", "invoices") is not None  # another queue: still bound
+            rebound = await remote.decide("g1", "orders", "n3")
+            assert rebound.node == "n3" and local.handler.cached("g1", "orders") == rebound
+        finally:
+            await remote.stop()
