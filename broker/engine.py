@@ -35,7 +35,7 @@ from broker.info import ConsumerInfo, GroupInfo, LaggingGroup, QueueCounts
 from broker.pager import Pager
 from broker.queue_stats import QueueTotals
 from broker.room import Room
-from broker.store import Store, StoreError
+from broker.store import Store, StoreClosed, StoreError
 from broker.streams import Outlets, ReceiptFor
 from broker.unit import Unit
 from broker.writes import Write, Writes
@@ -121,6 +121,8 @@ class Engine:
         self.observers: list[Observer] = []
         self.audit = node_audit(config, serving)  # audit log (broker/audit.py); None unless on
         self.failed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+        self._closing = False  # `close` began: a write the closed store refuses is no fault
+        self._late_write_logged = False  # the first such write is logged, no more
         self._serving = serving
         self._store: Store | None = None
         self._writes: Writes | None = None
@@ -185,6 +187,7 @@ class Engine:
 
     async def close(self) -> None:
         """Stop the loops, close the store (after its queued writes) and the audit log."""
+        self._closing = True
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -196,7 +199,16 @@ class Engine:
             self.audit.close()
 
     def fail(self, err: BaseException) -> None:
-        """A fault the node cannot serve through (a store write failed): it must stop."""
+        """A fault the node cannot serve through (a store write failed): it must stop.
+
+        Not a write that came after `close` (a stream's clean-up that runs late in a stop): it
+        carried nothing acknowledged (a send not yet confirmed, a settle without its receipt,
+        a delivery count), and the node is stopping anyway."""
+        if self._closing and isinstance(err, StoreClosed):
+            if not self._late_write_logged:
+                log.info("a write came after the store closed: not applied", error=str(err))
+                self._late_write_logged = True
+            return
         if not self.failed.done():
             log.error("fatal error, stopping", error=str(err))
             self.failed.set_result(err)

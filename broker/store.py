@@ -70,7 +70,7 @@ from broker import sqlite_file, store_sql
 from broker.histogram import Histogram
 from broker.message import Message
 from broker.sqlite_file import Request, Requests
-from broker.store_reads import StoreError, StoreReads
+from broker.store_reads import StoreClosed, StoreError, StoreReads
 from broker.store_sql import APPLICATION_ID, SCHEMA, SCHEMA_VERSION
 from broker.store_writes import (
     MessageWrite,
@@ -278,19 +278,19 @@ class Store(StoreReads):
         """A read snapshot of every write requested before this call, pinned once the future
         resolves (ha: a backup's catch-up); enqueued now, so it falls between two writes."""
         if not self.is_open:
-            raise StoreError(f"{self.path}: store is closed")
+            raise StoreClosed(f"{self.path}: store is closed")
         return sqlite_file.snapshot(self._requests)
 
     def apply(self, record: StoreWrite) -> asyncio.Future[None]:
         """Apply a write record as another store's tap saw it (ha: the primary's, on the
         backup); enqueued now, in call order, and durable once the future resolves."""
         if not self.is_open:
-            raise StoreError(f"{self.path}: store is closed")
+            raise StoreClosed(f"{self.path}: store is closed")
         return sqlite_file.enqueue(self._requests, _request(record))
 
     async def _submit(self, request: Request, closing: bool = False) -> None:
         if self._closed and not closing:
-            raise StoreError(f"{self.path}: store is closed")
+            raise StoreClosed(f"{self.path}: store is closed")
         if self._thread is None or not self._thread.is_alive():
             raise StoreError(f"{self.path}: writer thread is not running")
         local = sqlite_file.enqueue(self._requests, request)

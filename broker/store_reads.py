@@ -23,6 +23,10 @@ class StoreError(Exception):
     """A store operation failed; the message names the file and what is wrong."""
 
 
+class StoreClosed(StoreError):
+    """An operation asked of a store that is closed (or closing): nothing was written."""
+
+
 class StoreReads:
     """What a store file holds, read back (by `Store`, whose file is at `path`)."""
 
