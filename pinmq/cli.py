@@ -113,7 +113,9 @@ def _parser() -> argparse.ArgumentParser:
     wait.add_argument(
         "--timeout",
         type=float,
-        default=10.0,
+        # It returns as soon as the consumers are seen: a long default costs nothing then, and
+        # workers started together on a loaded machine can take more than 10 s to subscribe.
+        default=30.0,
         metavar="S",
         help="give up after S seconds (exit 1; default: %(default)s)",
     )
