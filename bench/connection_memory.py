@@ -38,6 +38,15 @@ def settled(pid: int) -> float:
     return last
 
 
+def fallen(pid: int, below: float, timeout_s: float = 20.0) -> None:
+    """Wait (bounded) until RSS is under `below`: the node has begun to free the closed
+    connections' buffers. On a loaded machine it may notice the closes later than one 100 ms
+    step of `settled`, which would then read the peak; a node that frees nothing waits it out."""
+    deadline = time.monotonic() + timeout_s
+    while rss_mib(pid) >= below and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def main() -> bool:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -67,6 +76,7 @@ def main() -> bool:
             peak = settled(node.pid)
             for s in socks:
                 s.close()
+            fallen(node.pid, below=peak - (peak - start) / 2)
             after = settled(node.pid)
             print(f"{i:5d} {start:10.0f} {peak:11.0f} {after:10.0f}", flush=True)
     return True
