@@ -84,7 +84,8 @@ async def measure(args: argparse.Namespace) -> tuple[bool, Best]:
     with tempfile.TemporaryDirectory(prefix="pinmq-e2e-") as tmp:
         work = Path(tmp)
         extra: dict[str, Any] = {
-            "persist-delivery-count-before-delivery": args.persist_delivery_count
+            "persist-delivery-count-before-delivery": args.persist_delivery_count,
+            "store": {"format": args.store},
         }
         if args.audit:
             extra["audit"] = {"enabled": True, "dir": str(work / "audit")}
@@ -211,6 +212,12 @@ def parser() -> argparse.ArgumentParser:
         choices=("none", "grouped", "all"),
         default="grouped",
         help="the node's persist-delivery-count-before-delivery (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--store",
+        choices=("sqlite", "journal"),
+        default="sqlite",
+        help="the node's store.format (default: %(default)s)",
     )
     add_load_args(parser)
     return parser

@@ -408,7 +408,7 @@ def run(args: argparse.Namespace) -> bool:
         print(f"activemq package: {ensure_installed()}")
     starters: dict[str, Callable[[Path], AbstractContextManager[Running]]] = {
         "activemq": running_activemq,
-        "pinmq": lambda d: running_pinmq(d, PATTERN, CONSUMERS),
+        "pinmq": lambda d: running_pinmq(d, PATTERN, CONSUMERS, args.store),
         "sink": _sink,
     }
     outcomes: list[Outcome] = []
@@ -466,6 +466,12 @@ def main() -> None:
         type=_positive,
         default=1,
         help="repeat every scenario; the summary uses medians",
+    )
+    parser.add_argument(
+        "--store",
+        choices=("sqlite", "journal"),
+        default="sqlite",
+        help="pinmq's store.format (default: %(default)s)",
     )
     args = parser.parse_args()
 

@@ -215,6 +215,21 @@ def default_global_max_size() -> int:
     return memory // 2
 
 
+class StoreSection(Strict):
+    """How the node keeps persistent messages on disk.
+
+    `sqlite` (the default): one SQLite file, `store.db`, that ops can open with the sqlite3
+    shell, and the format an ha pair replicates. `journal`: an append-only log in segment files
+    under `journal/`, which costs the node far less CPU per persistent message
+    (bench/RESULTS.md); not for an ha pair yet. A node keeps the format it was started with:
+    the other one's files are refused, not converted.
+    """
+
+    format: Literal["sqlite", "journal"] = "sqlite"
+    # journal: bytes per segment file; the oldest is deleted (or rolled) once little of it lives
+    segment_size: Annotated[int, BeforeValidator(_size), Field(ge=64 * 1024)] = 32 * 1024 * 1024
+
+
 class LimitsSection(Strict):
     """Resource limits enforced at the edge, before a message enters a queue."""
 
@@ -383,6 +398,7 @@ class NodeConfig(Strict):
     addresses: dict[str, AddressConfig] = Field(default_factory=dict)
     address_settings: dict[str, AddressSettings] = Field(default_factory=_default_address_settings)
     limits: LimitsSection = Field(default_factory=LimitsSection)
+    store: StoreSection = Field(default_factory=StoreSection)
     stomp: StompSection = Field(default_factory=StompSection)
     cluster: ClusterSection | None = None
     grouping_handler: GroupingHandlerSection | None = None
@@ -445,6 +461,16 @@ class NodeConfig(Strict):
                 "pinmq",
                 "ha: only the LOCAL node has a primary and a backup; both need a cluster "
                 "section and grouping-handler type LOCAL",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _ha_replicates_sqlite(self) -> NodeConfig:
+        if self.ha is not None and self.store.format != "sqlite":
+            raise PydanticCustomError(
+                "pinmq",
+                "ha: an ha pair replicates the sqlite store format only; "
+                "remove store.format: journal",
             )
         return self
 

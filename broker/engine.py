@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from pathlib import Path
 from typing import Any, Protocol
 
 from pydantic import ValidationError
@@ -35,7 +34,9 @@ from broker.info import ConsumerInfo, GroupInfo, LaggingGroup, QueueCounts
 from broker.pager import Pager
 from broker.queue_stats import QueueTotals
 from broker.room import Room
-from broker.store import Store, StoreClosed, StoreError
+from broker.store_base import StoreBase
+from broker.store_files import open_store, store_path
+from broker.store_reads import StoreClosed, StoreError
 from broker.streams import Outlets, ReceiptFor
 from broker.unit import Unit
 from broker.writes import Write, Writes
@@ -43,7 +44,6 @@ from broker.writes import Write, Writes
 TICK_S = 0.05
 SWEEP_S = 1.0  # how often idle auto-created queues are looked for
 AUTO_CREATED = "pinmq-auto-created"  # marks a stored queue definition as auto-created
-STORE_FILE = "store.db"
 log = logs.get("node")
 
 
@@ -117,14 +117,14 @@ class Engine:
     def __init__(self, config: NodeConfig, serving: Callable[[], bool] | None = None) -> None:
         self.config = config
         self._core = core = BrokerCore(config)
-        self.store_path = Path(config.node.data_dir) / STORE_FILE
+        self.store_path = store_path(config)
         self.observers: list[Observer] = []
         self.audit = node_audit(config, serving)  # audit log (broker/audit.py); None unless on
         self.failed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
         self._closing = False  # `close` began: a write the closed store refuses is no fault
         self._late_write_logged = False  # the first such write is logged, no more
         self._serving = serving
-        self._store: Store | None = None
+        self._store: StoreBase | None = None
         self._writes: Writes | None = None
         self._pager: Pager | None = None
         self._outlets = Outlets(self._holds)
@@ -132,7 +132,7 @@ class Engine:
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
-    def store(self) -> Store:
+    def store(self) -> StoreBase:
         assert self._store is not None, "engine not opened"
         return self._store
 
@@ -157,7 +157,7 @@ class Engine:
             self.store_path.parent.mkdir(parents=True, exist_ok=True)
             reserve = self.room.reserve
             reserve.release()  # its room lets the store open on a full disk
-            self._store = store = Store.open(self.store_path, on_full=reserve.release)
+            self._store = store = open_store(self.config, reserve.release)
             for address, name, settings in store.load_queues():
                 auto = bool(settings.pop(AUTO_CREATED, False))
                 core.restore_queue(address, name, QueueConfig.model_validate(settings), auto)

@@ -18,7 +18,7 @@ from broker.budget import footprint
 from broker.clock import now_ns
 from broker.core import BrokerCore
 from broker.effects import Effects
-from broker.store import Store
+from broker.store_base import StoreBase
 
 PAGE_READ = 1000  # paged messages of one group read back at once, at most
 PAGE_GROUPS = 200  # groups read back at once, at most (one store read)
@@ -32,7 +32,7 @@ class Pager:
     def __init__(
         self,
         core: BrokerCore,
-        store: Store,
+        store: StoreBase,
         unwritten: Mapping[int, asyncio.Future[None]],
         apply: Callable[[Effects], object],
     ) -> None:

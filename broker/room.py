@@ -19,7 +19,7 @@ from typing import Any
 from broker import disk, logs
 from broker.config import NodeConfig
 from broker.core import AddressFull, BrokerCore
-from broker.store import Store
+from broker.store_base import StoreBase
 
 DISK_POLL_BYTES = 1 << 20  # the data volume is looked at again after this many bytes sent
 GIVEBACK_S = 1.0  # at most this often, a tight disk gets the store's free pages back
@@ -30,7 +30,7 @@ class Room:
     """Admission of client sends, the blocked producers, and the data volume's state."""
 
     def __init__(
-        self, core: BrokerCore, config: NodeConfig, store: Callable[[], Store | None]
+        self, core: BrokerCore, config: NodeConfig, store: Callable[[], StoreBase | None]
     ) -> None:
         self._core = core
         self._config = config

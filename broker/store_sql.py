@@ -12,13 +12,14 @@ from collections.abc import Iterable, Iterator
 
 from broker.message import Message
 from broker.store_writes import (
-    STORED_MESSAGE,
+    Folded,
+    IdKey,
     MessageKey,
-    MessageWrite,
     QueueDeleted,
     QueueSaved,
     StoredMessage,
     StoreWrite,
+    fold,
 )
 
 APPLICATION_ID = 0x706D7131  # "pmq1" in the SQLite header: marks the file as a pinmq store.
@@ -88,58 +89,28 @@ SELECT_BY_IDS = (  # + "(?, ?, ...)": the ids, then ORDER BY
     " FROM messages WHERE queue = ? AND msg_id IN "
 )
 
-IdKey = tuple[str, str]  # (address, duplicate id)
-
 
 def apply(conn: sqlite3.Connection, writes: Iterable[StoreWrite], max_id: int) -> tuple[int, int]:
     """Execute writes in call order inside the caller's transaction, and raise the stored
-    highest msg id past `max_id`; returns that id and the count of rows deleted.
-
-    Message operations on one (msg_id, queue) fold to their net effect (an add and a remove
-    become a delete of nothing) until a queue operation, which sees every earlier one applied.
-    """
+    highest msg id past `max_id`; returns that id and the count of rows deleted."""
     deleted = 0
-    net: dict[
-        MessageKey, StoredMessage | int | None
-    ] = {}  # message: upsert, int: new count, None: delete
-    id_net: dict[IdKey, int | None] = {}  # msg id: keep (newest last), None: forget
     highest = max_id
-    for write in writes:
-        if type(write) is MessageWrite:
-            if write.marks:
-                conn.executemany(UPSERT_MARK, write.marks)
-            for address, dup_id, msg_id in write.ids:
-                id_net.pop((address, dup_id), None)  # re-inserted: in order again
-                id_net[(address, dup_id)] = msg_id
-            for row in write.added:
-                net[(row[0], row[1])] = row
-                highest = max(highest, row[0])
-            for count, msg_id, queue_ in write.counts:
-                key = (msg_id, queue_)
-                current = net.get(key, 0)
-                if type(current) is tuple:
-                    net[key] = (*current[:_COUNT], count, *current[_COUNT + 1 :])
-                elif current is not None:  # a count after a delete stays deleted
-                    net[key] = count
-            for key in write.removed:
-                net[key] = None
-            continue
-        deleted += _apply_net(conn, net)
-        net = {}
-        if type(write) is QueueSaved:
-            conn.execute(SAVE_QUEUE, (write.queue, write.address, write.settings))
-        elif type(write) is QueueDeleted:
-            name = (write.queue,)
+    for item in fold(writes):
+        if type(item) is Folded:
+            if item.marks:
+                conn.executemany(UPSERT_MARK, item.marks)
+            deleted += _apply_net(conn, item.messages)
+            deleted += _apply_ids(conn, item.ids)
+            highest = max(highest, item.highest)
+        elif type(item) is QueueSaved:
+            conn.execute(SAVE_QUEUE, (item.queue, item.address, item.settings))
+        elif type(item) is QueueDeleted:
+            name = (item.queue,)
             deleted += max(conn.execute("DELETE FROM messages WHERE queue = ?", name).rowcount, 0)
             conn.execute("DELETE FROM queues WHERE name = ?", name)
-    deleted += _apply_net(conn, net)
-    deleted += _apply_ids(conn, id_net)
     if highest > max_id:
         conn.execute("UPDATE meta SET value = ? WHERE key = 'max_msg_id'", (highest,))
     return highest, deleted
-
-
-_COUNT = STORED_MESSAGE.index("delivery_count")
 
 
 def _apply_net(conn: sqlite3.Connection, net: dict[MessageKey, StoredMessage | int | None]) -> int:

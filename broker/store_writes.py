@@ -11,8 +11,8 @@ of its own that it checks against theirs; how the writer thread batches them sta
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from broker.message import Message
@@ -87,6 +87,60 @@ class QueueDeleted:
 
 
 StoreWrite = MessageWrite | QueueSaved | QueueDeleted
+
+IdKey = tuple[str, str]  # (address, duplicate id)
+_COUNT = STORED_MESSAGE.index("delivery_count")
+
+
+@dataclass(slots=True)
+class Folded:
+    """The net effect of a run of message writes, as every store applies it.
+
+    Operations on one (msg_id, queue) fold to their net effect: an add and a remove become a
+    delete of nothing, an add and a count an add with that count. Keys are distinct, so the
+    order between them is free; ids keep their order (newest last).
+    """
+
+    messages: dict[MessageKey, StoredMessage | int | None] = field(default_factory=dict)
+    ids: dict[IdKey, int | None] = field(default_factory=dict)  # msg id: keep; None: forget
+    marks: list[Mark] = field(default_factory=list)
+    highest: int = 0  # the highest msg id added
+
+
+def fold(writes: Iterable[StoreWrite]) -> Iterator[Folded | QueueSaved | QueueDeleted]:
+    """Writes in call order as folded runs of message writes, split by the queue operations
+    (which see every earlier write applied)."""
+    run: Folded | None = None
+    for write in writes:
+        if type(write) is not MessageWrite:
+            if run is not None:
+                yield run
+                run = None
+            yield write  # type: ignore[misc]
+            continue
+        if run is None:
+            run = Folded()
+        run.marks.extend(write.marks)
+        ids = run.ids
+        for address, dup_id, msg_id in write.ids:
+            ids.pop((address, dup_id), None)  # re-inserted: in order again
+            ids[(address, dup_id)] = msg_id
+        net = run.messages
+        for row in write.added:
+            net[(row[0], row[1])] = row
+            if row[0] > run.highest:
+                run.highest = row[0]
+        for count, msg_id, queue_ in write.counts:
+            key = (msg_id, queue_)
+            current = net.get(key, 0)
+            if type(current) is tuple:
+                net[key] = (*current[:_COUNT], count, *current[_COUNT + 1 :])
+            elif current is not None:  # a count after a delete stays deleted
+                net[key] = count
+        for key in write.removed:
+            net[key] = None
+    if run is not None:
+        yield run
 
 
 def stored(messages: Sequence[Message]) -> list[StoredMessage]:

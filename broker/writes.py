@@ -15,7 +15,7 @@ from typing import Any
 from broker.config import NodeConfig
 from broker.effects import Delivery, Effects
 from broker.message import Message
-from broker.store import Store
+from broker.store_base import StoreBase
 
 Write = asyncio.Future[None]
 
@@ -25,7 +25,7 @@ class Writes:
 
     def __init__(
         self,
-        store: Store,
+        store: StoreBase,
         config: NodeConfig,
         grouped: Callable[[str], bool],
         fail: Callable[[BaseException], None],

@@ -32,8 +32,8 @@ import structlog
 from grpc import aio
 
 from broker import channels, sqlite_file
-from broker.engine import STORE_FILE
 from broker.store import Store, StoreError
+from broker.store_files import STORE_FILE
 from broker.tls import TlsFiles
 from cluster import replication_wire as wire
 from cluster.outage import Outage, raise_if_cancelled

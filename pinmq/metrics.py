@@ -31,7 +31,7 @@ from broker.histogram import Histogram
 from broker.info import QueueCounts
 from broker.queue_stats import NS_PER_S
 from broker.refusals import Refusals
-from broker.store import Store
+from broker.store_base import StoreBase
 from cluster.bridge import sf_queue
 from cluster.failover_states import Role
 from cluster.member import ClusterMember
@@ -154,7 +154,7 @@ def _histogram(name: str, doc: str, node: str, h: Histogram, scale: float) -> Me
     return family
 
 
-def _store(node: str, store: Store) -> Iterator[Metric]:
+def _store(node: str, store: StoreBase) -> Iterator[Metric]:
     """The store's transactions (counted by its writer thread)."""
     yield _histogram(
         "pinmq_store_commit_seconds",

@@ -15,9 +15,9 @@ from grpc import aio
 from waiting import until
 
 from broker import sqlite_file
-from broker.engine import STORE_FILE
 from broker.message import Message
 from broker.store import Store
+from broker.store_files import STORE_FILE
 from cluster.connector import SERVER_OPTIONS
 from cluster.replica import SWAP_MARKER, SYNC_SUFFIX, Follower
 from cluster.replication import Replicator

@@ -16,12 +16,16 @@ START_TIMEOUT_S = 30.0
 
 
 @contextmanager
-def running_pinmq(workdir: Path, pattern: str, consumers_before_dispatch: int) -> Iterator[Running]:
-    """A node whose auto-created queues matching `pattern` wait for N consumers before dispatch."""
+def running_pinmq(
+    workdir: Path, pattern: str, consumers_before_dispatch: int, store: str = "sqlite"
+) -> Iterator[Running]:
+    """A node whose auto-created queues matching `pattern` wait for N consumers before dispatch;
+    `store`: its store.format."""
     settings = {"default-consumers-before-dispatch": consumers_before_dispatch}
     extra = {
         "address-settings": {"#": {}, pattern: settings},
         "log": {"format": "json", "level": "warning"},
+        "store": {"format": store},
     }
     t0 = time.monotonic()
     with running_node(workdir, extra) as node:
@@ -31,6 +35,6 @@ def running_pinmq(workdir: Path, pattern: str, consumers_before_dispatch: int) -
             f"pinmq node, listen.stomp {node.listen['stomp']}, address-settings {pattern!r}: "
             f"default-consumers-before-dispatch {consumers_before_dispatch} "
             "(other queue settings default: group-mode sticky, group-buckets -1, "
-            "group-rebalance false), log level warning"
+            f"group-rebalance false), log level warning, store.format {store}"
         )
         yield Running(host, int(port), node.pid, text, time.monotonic() - t0)

@@ -17,11 +17,13 @@ from pathlib import Path
 import pytest
 from store_harness import KIB, by_key, let_tasks_run, msg, naming, writer_blocked
 
+from broker.journal_store import JournalStore
 from broker.store import COMPACT_AFTER_DELETES, Store, StoreError
 
 
+@pytest.mark.parametrize("kind", [Store, JournalStore])
 async def test_a_write_that_finds_no_room_frees_the_reserve_then_waits_until_close(
-    tmp_path: Path,
+    tmp_path: Path, kind: type[Store] | type[JournalStore]
 ) -> None:
     """With `on_full` a write that does not fit is not failed: the reserve goes first, then
     the write waits for space; only closing the store gives up on it."""
@@ -32,7 +34,7 @@ async def test_a_write_that_finds_no_room_frees_the_reserve_then_waits_until_clo
         reserve.clear()
         return freed
 
-    s = Store.open(tmp_path / "store.db", max_bytes=256 * KIB, on_full=on_full)
+    s = kind.open(tmp_path / "store", max_bytes=256 * KIB, on_full=on_full)
     await s.write(added=[msg(1)])
     big = asyncio.create_task(s.write(added=[msg(2, body=b"x" * (1024 * KIB))]))
     for _ in range(200):
@@ -43,7 +45,7 @@ async def test_a_write_that_finds_no_room_frees_the_reserve_then_waits_until_clo
     await s.close()
     with pytest.raises(StoreError, match="write failed"):
         await big
-    reopened = Store.open(tmp_path / "store.db")
+    reopened = kind.open(tmp_path / "store")
     assert [m.msg_id for m in reopened.load_messages()] == [1]
     await reopened.close()
 
@@ -198,6 +200,7 @@ CRASH_CHILD = r"""
 import asyncio, sys
 from pathlib import Path
 from broker.message import Message
+from broker.journal_store import JournalStore
 from broker.store import Store
 
 def m(msg_id, queue, count=0):
@@ -224,7 +227,8 @@ async def singles(store, t):
         n += 1
 
 async def main():
-    store = Store.open(Path(sys.argv[1]))
+    kind = JournalStore if sys.argv[2] == "journal" else Store
+    store = kind.open(Path(sys.argv[1]))
     await asyncio.gather(rounds(store), *(singles(store, t) for t in range(8)))
 
 asyncio.run(main())
@@ -232,10 +236,11 @@ asyncio.run(main())
 
 
 @pytest.mark.slow
-def test_kill_9_loses_nothing_acknowledged(tmp_path: Path) -> None:
-    path = tmp_path / "store.db"
+@pytest.mark.parametrize("fmt", ["sqlite", "journal"])
+def test_kill_9_loses_nothing_acknowledged(tmp_path: Path, fmt: str) -> None:
+    path = tmp_path / ("journal" if fmt == "journal" else "store.db")
     proc = subprocess.Popen(
-        [sys.executable, "-c", CRASH_CHILD, str(path)],
+        [sys.executable, "-c", CRASH_CHILD, str(path), fmt],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -278,7 +283,7 @@ def test_kill_9_loses_nothing_acknowledged(tmp_path: Path) -> None:
     singles = [int(n) for kind, n in complete if kind == "P"]
     assert singles
 
-    s = Store.open(path)  # must open cleanly after the crash
+    s = (JournalStore if fmt == "journal" else Store).open(path)  # opens cleanly after the crash
     stored = by_key(s.load_messages())
     lost = [msg_id for msg_id in singles if ("p", msg_id) not in stored]
     assert not lost, f"{len(lost)} of {len(singles)} acknowledged single writes lost: {lost[:5]}"

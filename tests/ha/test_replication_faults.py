@@ -51,8 +51,8 @@ from replication_pair import (
 from waiting import until
 
 from broker import sqlite_file
-from broker.engine import STORE_FILE
 from broker.message import Message
+from broker.store_files import STORE_FILE
 from cluster import replica, replication
 from cluster.replica import SWAP_MARKER, Follower
 from pinmq_pb import cluster_pb2 as pb

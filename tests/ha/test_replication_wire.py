@@ -22,8 +22,8 @@ from structlog.testing import capture_logs
 from waiting import until
 
 from broker import store_writes
-from broker.engine import STORE_FILE
 from broker.message import Message
+from broker.store_files import STORE_FILE
 from broker.store_writes import MessageWrite, QueueDeleted, QueueSaved
 from cluster import replica, replication
 from cluster import replication_wire as wire

@@ -242,10 +242,11 @@ def check_round(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["sqlite", "journal"])
 def test_kill_9_under_load_loses_nothing_acknowledged(
-    node_factory: Callable[..., NodeProcess], tmp_path: Path
+    node_factory: Callable[..., NodeProcess], tmp_path: Path, fmt: str
 ) -> None:
-    node = node_factory()
+    node = node_factory({"store": {"format": fmt}})
     queue = unique("crash")
     asyncio.run(create_queue(node.url, queue))
     receipted: set[int] = set()
@@ -264,13 +265,17 @@ def test_kill_9_under_load_loses_nothing_acknowledged(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("setting", "grouped_count"), [("grouped", 2), ("none", 1)])
+@pytest.mark.parametrize(
+    ("setting", "grouped_count", "fmt"),
+    [("grouped", 2, "sqlite"), ("none", 1, "sqlite"), ("grouped", 2, "journal")],
+)
 async def test_messages_out_when_the_node_is_killed_come_back_with_their_delivery_count(
-    tmp_path: Path, setting: str, grouped_count: int
+    tmp_path: Path, setting: str, grouped_count: int, fmt: str
 ) -> None:
     """A delivered, unacked message survives kill -9; with its count stored before delivery
     (the default for grouped messages) it comes back marked as a redelivery."""
-    node = NodeProcess(tmp_path, {"persist-delivery-count-before-delivery": setting}).start()
+    extra = {"persist-delivery-count-before-delivery": setting, "store": {"format": fmt}}
+    node = NodeProcess(tmp_path, extra).start()
     queue = unique("counted")
     try:
         async with Client(node.url) as client:
