@@ -215,8 +215,8 @@ def parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--store",
-        choices=("sqlite", "journal"),
-        default="sqlite",
+        choices=("auto", "sqlite", "journal"),
+        default="auto",
         help="the node's store.format (default: %(default)s)",
     )
     add_load_args(parser)

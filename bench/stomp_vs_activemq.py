@@ -469,8 +469,8 @@ def main() -> None:
     )
     parser.add_argument(
         "--store",
-        choices=("sqlite", "journal"),
-        default="sqlite",
+        choices=("auto", "sqlite", "journal"),
+        default="auto",
         help="pinmq's store.format (default: %(default)s)",
     )
     args = parser.parse_args()

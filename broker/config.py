@@ -218,14 +218,15 @@ def default_global_max_size() -> int:
 class StoreSection(Strict):
     """How the node keeps persistent messages on disk.
 
-    `sqlite` (the default): one SQLite file, `store.db`, that ops can open with the sqlite3
-    shell, and the format an ha pair replicates. `journal`: an append-only log in segment files
-    under `journal/`, which costs the node far less CPU per persistent message
-    (bench/RESULTS.md); not for an ha pair yet. A node keeps the format it was started with:
-    the other one's files are refused, not converted.
+    `journal`: an append-only log in segment files under `journal/`, which costs the node less
+    CPU per persistent message (bench/RESULTS.md); not for an ha pair yet. `sqlite`: one SQLite
+    file, `store.db`, that ops can open with the sqlite3 shell, and the format an ha pair
+    replicates. `auto` (the default): sqlite for a member of an ha pair and for a data
+    directory that already holds a `store.db`, else journal. A node keeps the format its data
+    directory holds: the other one's files are refused, not converted.
     """
 
-    format: Literal["sqlite", "journal"] = "sqlite"
+    format: Literal["auto", "sqlite", "journal"] = "auto"
     # journal: bytes per segment file; the oldest is deleted (or rolled) once little of it lives
     segment_size: Annotated[int, BeforeValidator(_size), Field(ge=64 * 1024)] = 32 * 1024 * 1024
 
@@ -466,7 +467,7 @@ class NodeConfig(Strict):
 
     @model_validator(mode="after")
     def _ha_replicates_sqlite(self) -> NodeConfig:
-        if self.ha is not None and self.store.format != "sqlite":
+        if self.ha is not None and self.store.format == "journal":
             raise PydanticCustomError(
                 "pinmq",
                 "ha: an ha pair replicates the sqlite store format only; "

@@ -1,5 +1,5 @@
-"""Which store a node opens (`store.format`), where its files lie, and the refusal to open the
-other format's files in their place."""
+"""Which store a node opens (`store.format`, `auto` resolved), where its files lie, and the
+refusal to open the other format's files in their place."""
 
 from __future__ import annotations
 
@@ -18,10 +18,22 @@ STORE_FILE = "store.db"  # store.format: sqlite
 JOURNAL_DIR = "journal"  # store.format: journal
 
 
+def store_format(config: NodeConfig) -> str:
+    """`sqlite` or `journal`: the configured one; for `auto`, sqlite for an ha pair's member
+    (only that format is replicated) and for a data directory holding a SQLite store (a node
+    upgraded from before the journal), else journal."""
+    chosen = config.store.format
+    if chosen != "auto":
+        return chosen
+    if config.ha is not None or disk_bytes(Path(config.node.data_dir) / STORE_FILE):
+        return "sqlite"
+    return "journal"
+
+
 def store_path(config: NodeConfig) -> Path:
     """The store's file (sqlite) or directory (journal) in the node's data directory."""
     data_dir = Path(config.node.data_dir)
-    return data_dir / (JOURNAL_DIR if config.store.format == "journal" else STORE_FILE)
+    return data_dir / (JOURNAL_DIR if store_format(config) == "journal" else STORE_FILE)
 
 
 def open_store(config: NodeConfig, on_full: Callable[[], bool] | None) -> StoreBase:
@@ -30,7 +42,7 @@ def open_store(config: NodeConfig, on_full: Callable[[], bool] | None) -> StoreB
     its messages would be left behind)."""
     data_dir = Path(config.node.data_dir)
     sqlite_file, journal_dir = data_dir / STORE_FILE, data_dir / JOURNAL_DIR
-    if config.store.format == "journal":
+    if store_format(config) == "journal":
         if disk_bytes(sqlite_file):
             raise StoreError(
                 f"{sqlite_file}: store.format is journal but this data directory holds a "

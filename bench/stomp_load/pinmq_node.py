@@ -17,7 +17,7 @@ START_TIMEOUT_S = 30.0
 
 @contextmanager
 def running_pinmq(
-    workdir: Path, pattern: str, consumers_before_dispatch: int, store: str = "sqlite"
+    workdir: Path, pattern: str, consumers_before_dispatch: int, store: str = "auto"
 ) -> Iterator[Running]:
     """A node whose auto-created queues matching `pattern` wait for N consumers before dispatch;
     `store`: its store.format."""

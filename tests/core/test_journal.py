@@ -22,7 +22,7 @@ from broker.journal_store import JournalStore
 from broker.message import Message
 from broker.store import Store
 from broker.store_base import StoreBase
-from broker.store_files import JOURNAL_DIR, STORE_FILE, open_store
+from broker.store_files import JOURNAL_DIR, STORE_FILE, open_store, store_format
 from broker.store_reads import StoreError
 
 SMALL = 64 * KIB  # segments small enough that a few hundred messages roll several
@@ -294,6 +294,34 @@ async def test_a_node_never_opens_the_other_formats_files(
     with pytest.raises(StoreError, match=naming(tmp_path / files, problem)):
         open_store(_config(tmp_path, then), None)
     assert sorted(p.name for p in tmp_path.iterdir()) == [files]  # nothing made beside it
+
+
+async def test_auto_takes_the_journal_for_a_new_directory_and_keeps_a_sqlite_store(
+    tmp_path: Path,
+) -> None:
+    fresh = parse_config(f"node: {{id: n1, data-dir: {tmp_path / 'new'}}}", "n")
+    assert fresh.store.format == "auto" and store_format(fresh) == "journal"
+    store = open_store(fresh, None)
+    await store.write(added=[msg(1)])
+    await store.close()
+    assert store_format(fresh) == "journal"
+    assert sorted(p.name for p in (tmp_path / "new").iterdir()) == [JOURNAL_DIR]
+    old = _config(tmp_path / "old", "sqlite")  # a node from before the journal
+    store = open_store(old, None)
+    await store.write(added=[msg(1)])
+    await store.close()
+    upgraded = parse_config(f"node: {{id: n1, data-dir: {tmp_path / 'old'}}}", "n")
+    assert store_format(upgraded) == "sqlite"
+    store = open_store(upgraded, None)
+    assert [m.msg_id for m in store.load_messages()] == [1]
+    await store.close()
+    pair = parse_config(
+        f"node: {{id: node1, data-dir: {tmp_path / 'pair'}}}\n"
+        "cluster: {connectors: ['127.0.0.1:7702']}\n"
+        "grouping-handler: {type: LOCAL}\nha: {role: primary}",
+        "p.yaml",
+    )
+    assert store_format(pair) == "sqlite"
 
 
 def test_an_ha_pair_keeps_the_sqlite_format() -> None:
