@@ -22,9 +22,10 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from broker import wildcard
-from broker.config_base import Strict, check_pattern
+from broker.config_base import Strict, check_pattern, size_bytes
 from broker.config_metrics import MetricsSection
 from broker.config_security import SecuritySection, TlsSection
+from broker.config_store import StoreSection
 from broker.tls import TlsFiles
 
 
@@ -123,21 +124,6 @@ class AddressConfig(Strict):
     queues: dict[str, QueueConfig] = Field(default_factory=dict)
 
 
-_SIZE = re.compile(r"^\s*(\d+)\s*(B|KB|KiB|MB|MiB|GB|GiB)?\s*$")
-_UNITS = {None: 1, "B": 1, "KB": 1000, "KiB": 1 << 10, "MB": 1000**2, "MiB": 1 << 20}
-_UNITS |= {"GB": 1000**3, "GiB": 1 << 30}
-
-
-def _size(value: Any) -> Any:
-    """A byte count: an integer, or a string such as `64MiB` (B, KB, KiB, MB, MiB, GB, GiB)."""
-    if isinstance(value, str):
-        match = _SIZE.match(value)
-        if match is None:
-            raise ValueError("a size in bytes such as 67108864 or 64MiB")
-        return int(match[1]) * _UNITS[match[2]]
-    return value
-
-
 class AddressSettings(Strict):
     """Artemis address-settings: what auto-created addresses and queues get."""
 
@@ -161,10 +147,10 @@ class AddressSettings(Strict):
     # Bytes of messages an address may hold in memory (-1: no limit but the node's
     # limits.global-max-size), and what a send beyond it gets: BLOCK waits for room, FAIL is
     # refused, PAGE keeps persistent messages on disk only until there is room for them.
-    max_size_bytes: Annotated[int, BeforeValidator(_size), Field(ge=-1)] = -1
+    max_size_bytes: Annotated[int, BeforeValidator(size_bytes), Field(ge=-1)] = -1
     address_full_policy: Literal["PAGE", "BLOCK", "FAIL"] = "PAGE"
     # The same for auto-created addresses only (null: as above), like the other default- keys.
-    default_max_size_bytes: Annotated[int | None, BeforeValidator(_size), Field(ge=-1)] = None
+    default_max_size_bytes: Annotated[int | None, BeforeValidator(size_bytes), Field(ge=-1)] = None
     default_address_full_policy: Literal["PAGE", "BLOCK", "FAIL"] | None = None
 
     def memory_limit(self, auto_created: bool) -> tuple[int, Literal["PAGE", "BLOCK", "FAIL"]]:
@@ -215,22 +201,6 @@ def default_global_max_size() -> int:
     return memory // 2
 
 
-class StoreSection(Strict):
-    """How the node keeps persistent messages on disk.
-
-    `journal`: an append-only log in segment files under `journal/`, which costs the node less
-    CPU per persistent message (bench/RESULTS.md); not for an ha pair yet. `sqlite`: one SQLite
-    file, `store.db`, that ops can open with the sqlite3 shell, and the format an ha pair
-    replicates. `auto` (the default): sqlite for a member of an ha pair and for a data
-    directory that already holds a `store.db`, else journal. A node keeps the format its data
-    directory holds: the other one's files are refused, not converted.
-    """
-
-    format: Literal["auto", "sqlite", "journal"] = "auto"
-    # journal: bytes per segment file; the oldest is deleted (or rolled) once little of it lives
-    segment_size: Annotated[int, BeforeValidator(_size), Field(ge=64 * 1024)] = 32 * 1024 * 1024
-
-
 class LimitsSection(Strict):
     """Resource limits enforced at the edge, before a message enters a queue."""
 
@@ -244,7 +214,7 @@ class LimitsSection(Strict):
     max_queues: int = Field(default=10_000, gt=0)
     # Bytes of messages the node holds in memory, all addresses together; beyond it each
     # address's address-full-policy applies. Default: half the memory the node may use.
-    global_max_size: Annotated[int, BeforeValidator(_size), Field(gt=0)] = Field(
+    global_max_size: Annotated[int, BeforeValidator(size_bytes), Field(gt=0)] = Field(
         default_factory=default_global_max_size
     )
     # Percent of the data volume in use above which persistent sends are refused (blocked
@@ -252,7 +222,7 @@ class LimitsSection(Strict):
     max_disk_usage: int = Field(default=90, ge=1, le=100)
     # Kept allocated in the data dir and given up when the disk is full, so that acks,
     # removals and the store's checkpoints still have room (capped at 5% of the volume).
-    disk_reserve: Annotated[int, BeforeValidator(_size), Field(ge=0)] = 16 * 1024 * 1024
+    disk_reserve: Annotated[int, BeforeValidator(size_bytes), Field(ge=0)] = 16 * 1024 * 1024
     # Duplicate detection (`_AMQ_DUPL_ID`, broker/duplicates.py): the most recent ids each
     # address remembers, in memory and (those of persistent messages) in the store; 0: off.
     id_cache_size: int = 20_000
@@ -347,7 +317,7 @@ class AuditSection(Strict):
 
     enabled: bool = False
     dir: Path | None = None  # default: <data-dir>/audit
-    segment_bytes: Annotated[int, BeforeValidator(_size), Field(gt=0)] = 64 * 1024 * 1024
+    segment_bytes: Annotated[int, BeforeValidator(size_bytes), Field(gt=0)] = 64 * 1024 * 1024
     flush_ms: int = Field(default=100, gt=0)  # how often buffered events are written
 
 

@@ -37,19 +37,48 @@ Memory: the index keeps about 150 bytes per stored message (its key, where it li
 
 from __future__ import annotations
 
-import errno
-import json
 import os
 import random
 import struct
 import threading
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
+from broker.journal_format import (
+    ADD,
+    ADD_COUNT_AT,
+    ADD_OP,
+    COUNT,
+    COUNT_OP,
+    DEL,
+    DEL_OP,
+    FRAME,
+    HEAD,
+    HEAD_FRAME_SIZE,
+    HEAD_OP,
+    ID_FORGET,
+    ID_FORGET_OP,
+    ID_PUT,
+    ID_PUT_OP,
+    MARK,
+    MARK_OP,
+    Q_DEL,
+    Q_DEL_OP,
+    Q_SAVE,
+    Q_SAVE_OP,
+    JournalFull,
+    add_key,
+    bad_frame,
+    decode_add,
+    fsync_dir,
+    op_size,
+    whole_frame_after,
+    write_all,
+)
+from broker.journal_index import JournalIndex, Segment
 from broker.message import Message
 from broker.store_reads import StoreError
 from broker.store_writes import (
@@ -68,39 +97,8 @@ SEGMENT_BYTES = 32 * 1024 * 1024
 ROLL_FRAME_BYTES = 4 * 1024 * 1024  # rolled operations go out in frames of about this size
 SUFFIX = ".seg"
 
-_FRAME = struct.Struct("<II")  # payload length, CRC-32 of the payload
-# Operations: kind byte, fixed fields, then the lengths' UTF-8 strings (body: bytes) in order.
-HEAD, ADD, DEL, COUNT, MARK, ID_PUT, ID_FORGET, Q_SAVE, Q_DEL = range(1, 10)
-_HEAD = struct.Struct("<BQqQQ")  # segment, store id, max msg id, next order
-# msg id, delivery count, group seq, enqueued ns; lengths of queue, address, headers, group
-# (-1: none), body
-_ADD = struct.Struct("<BQIqqIIIiI")
-_ADD_COUNT_AT = 9  # where an ADD's delivery count lies (rolling rewrites it in place)
-_DEL = struct.Struct("<BQI")  # msg id; length of queue
-_COUNT = struct.Struct("<BQII")  # msg id, delivery count; length of queue
-_MARK = struct.Struct("<BqI")  # seq; length of origin
-_ID_PUT = struct.Struct("<BQqII")  # order, msg id; lengths of address, duplicate id
-_ID_FORGET = struct.Struct("<BII")  # lengths of address, duplicate id
-_Q_SAVE = struct.Struct("<BQIII")  # order; lengths of queue, address, settings
-_Q_DEL = struct.Struct("<BI")  # length of queue
 
-
-class JournalFull(OSError):
-    """The journal reached its `max_bytes`."""
-
-    def __init__(self, path: Path, limit: int) -> None:
-        super().__init__(errno.ENOSPC, f"journal at its max size of {limit} bytes", str(path))
-
-
-@dataclass(slots=True)
-class _Segment:
-    number: int
-    path: Path
-    size: int = 0  # bytes on disk
-    live: int = 0  # bytes of operations still needed
-
-
-class Journal:
+class Journal(JournalIndex):
     """The segments of one journal directory and the index replaying them builds.
 
     `append` and `roll` are for one writer thread; `messages`, `read_ids` and the `load_*`
@@ -120,7 +118,7 @@ class Journal:
         self._queues: dict[str, tuple[int, str, str, int, int]] = {}  # order, address, settings,
         self._marks: dict[str, tuple[int, int, int]] = {}  # seq, segment, offset
         self._ids: dict[IdKey, tuple[int, int, int, int]] = {}  # order, msg id, segment, offset
-        self._segments: dict[int, _Segment] = {}  # oldest first
+        self._segments: dict[int, Segment] = {}  # oldest first
         self._next = 1  # the number of the first segment, when there is none yet
         self._pending: set[MessageKey] = set()  # added by the frame being encoded
         self._fd = -1  # the head segment, open for appending
@@ -190,21 +188,21 @@ class Journal:
 
     def _replay_segment(self, number: int, path: Path, data: bytes, last: bool) -> int:
         """Index the whole frames of one segment; returns where they end."""
-        segment = self._segments[number] = _Segment(number, path)
+        segment = self._segments[number] = Segment(number, path)
         view = memoryview(data)
         pos, n = 0, len(data)
         while pos < n:
-            bad = _bad_frame(view, pos)
+            bad = bad_frame(view, pos)
             if bad is not None:
-                if pos == 0 and n > _HEAD_FRAME_SIZE:  # more than a head a crash cut short
+                if pos == 0 and n > HEAD_FRAME_SIZE:  # more than a head a crash cut short
                     raise StoreError(f"{path}: not a journal segment ({bad} at its start)")
-                if last and not _whole_frame_after(view, pos):
+                if last and not whole_frame_after(view, pos):
                     break
                 raise StoreError(
                     f"{path}: journal is corrupt at offset {pos}: {bad}; refusing to use it"
                 )
-            length = _FRAME.unpack_from(view, pos)[0]
-            start = pos + _FRAME.size
+            length = FRAME.unpack_from(view, pos)[0]
+            start = pos + FRAME.size
             if pos == 0 and view[start] != HEAD:
                 raise StoreError(f"{path}: not a journal segment (no head frame)")
             self._index(view[start : start + length], number, start)
@@ -218,117 +216,7 @@ class Journal:
             self._fd = os.open(head.path, os.O_WRONLY | os.O_APPEND)
         else:
             self._new_segment(self._next)
-            _fsync_dir(self.directory.parent)  # the journal directory's own entry
-
-    # ------------------------------------------------------------------ the index
-
-    def _index(self, payload: memoryview, segment: int, base: int) -> None:
-        """Apply one frame's operations (at `base` in `segment`) to the index."""
-        pos, n = 0, len(payload)
-        segments = self._segments
-        while pos < n:
-            kind = payload[pos]
-            at = base + pos
-            if kind == ADD:
-                _, msg_id, count, _, _, lq, la, lh, lg, lb = _ADD.unpack_from(payload, pos)
-                p = pos + _ADD.size
-                queue = str(payload[p : p + lq], "utf-8")
-                size = _ADD.size + lq + la + lh + max(lg, 0) + lb
-                key = (msg_id, queue)
-                old = self._messages.get(key)
-                if old is not None:
-                    segments[old[0]].live -= old[2]
-                self._messages[key] = [segment, at, size, count]
-                segments[segment].live += size
-                if msg_id > self.max_id:
-                    self.max_id = msg_id
-            elif kind == DEL:
-                _, msg_id, lq = _DEL.unpack_from(payload, pos)
-                p = pos + _DEL.size
-                old = self._messages.pop((msg_id, str(payload[p : p + lq], "utf-8")), None)
-                if old is not None:
-                    segments[old[0]].live -= old[2]
-                size = _DEL.size + lq
-            elif kind == COUNT:
-                _, msg_id, count, lq = _COUNT.unpack_from(payload, pos)
-                p = pos + _COUNT.size
-                entry = self._messages.get((msg_id, str(payload[p : p + lq], "utf-8")))
-                if entry is not None:
-                    entry[3] = count
-                size = _COUNT.size + lq
-            elif kind == MARK:
-                _, seq, lo = _MARK.unpack_from(payload, pos)
-                p = pos + _MARK.size
-                origin = str(payload[p : p + lo], "utf-8")
-                size = _MARK.size + lo
-                old_mark = self._marks.get(origin)
-                if old_mark is None or seq >= old_mark[0]:  # equal: the same, rolled
-                    if old_mark is not None:
-                        segments[old_mark[1]].live -= size
-                    self._marks[origin] = (seq, segment, at)
-                    segments[segment].live += size
-            elif kind == ID_PUT:
-                _, order, msg_id, la, ld = _ID_PUT.unpack_from(payload, pos)
-                p = pos + _ID_PUT.size
-                id_key = (
-                    str(payload[p : p + la], "utf-8"),
-                    str(payload[p + la : p + la + ld], "utf-8"),
-                )
-                size = _ID_PUT.size + la + ld
-                self._drop_id(id_key)
-                self._ids[id_key] = (order, msg_id, segment, at)
-                segments[segment].live += size
-                self._order = max(self._order, order + 1)
-            elif kind == ID_FORGET:
-                _, la, ld = _ID_FORGET.unpack_from(payload, pos)
-                p = pos + _ID_FORGET.size
-                self._drop_id(
-                    (str(payload[p : p + la], "utf-8"), str(payload[p + la : p + la + ld], "utf-8"))
-                )
-                size = _ID_FORGET.size + la + ld
-            elif kind == Q_SAVE:
-                _, order, lq, la, ls = _Q_SAVE.unpack_from(payload, pos)
-                p = pos + _Q_SAVE.size
-                queue = str(payload[p : p + lq], "utf-8")
-                address = str(payload[p + lq : p + lq + la], "utf-8")
-                settings = str(payload[p + lq + la : p + lq + la + ls], "utf-8")
-                size = _Q_SAVE.size + lq + la + ls
-                old_q = self._queues.get(queue)
-                if old_q is not None:
-                    segments[old_q[3]].live -= _q_size(old_q)
-                self._queues[queue] = (order, address, settings, segment, at)
-                segments[segment].live += size
-                self._order = max(self._order, order + 1)
-            elif kind == Q_DEL:
-                _, lq = _Q_DEL.unpack_from(payload, pos)
-                p = pos + _Q_DEL.size
-                queue = str(payload[p : p + lq], "utf-8")
-                size = _Q_DEL.size + lq
-                old_q = self._queues.pop(queue, None)
-                if old_q is not None:
-                    segments[old_q[3]].live -= _q_size(old_q)
-                for key in [k for k in self._messages if k[1] == queue]:
-                    old = self._messages.pop(key)
-                    segments[old[0]].live -= old[2]
-            elif kind == HEAD:
-                _, _, store_id, max_id, order = _HEAD.unpack_from(payload, pos)
-                if not self.store_id:
-                    self.store_id = store_id
-                self.max_id = max(self.max_id, max_id)
-                self._order = max(self._order, order)
-                size = _HEAD.size
-            else:
-                raise StoreError(
-                    f"{self.directory}: unknown operation {kind} in segment {segment} at {at}"
-                )
-            pos += size
-
-    def _drop_id(self, key: IdKey) -> None:
-        old = self._ids.pop(key, None)
-        if old is not None:
-            self._segments[old[2]].live -= (
-                _ID_PUT.size + len(key[0].encode()) + len(key[1].encode())
-            )
+            fsync_dir(self.directory.parent)  # the journal directory's own entry
 
     # ------------------------------------------------------------------ writing
 
@@ -352,10 +240,10 @@ class Journal:
                 known = self._queues.get(item.queue)
                 order = known[0] if known is not None else self._take_order()
                 q, a, s = item.queue.encode(), item.address.encode(), item.settings.encode()
-                add(_Q_SAVE.pack(Q_SAVE, order, len(q), len(a), len(s)) + q + a + s)
+                add(Q_SAVE_OP.pack(Q_SAVE, order, len(q), len(a), len(s)) + q + a + s)
             elif type(item) is QueueDeleted:
                 q = item.queue.encode()
-                add(_Q_DEL.pack(Q_DEL, len(q)) + q)
+                add(Q_DEL_OP.pack(Q_DEL, len(q)) + q)
         return parts
 
     def _encode_run(self, run: Folded, add: Callable[[bytes], None]) -> None:
@@ -365,7 +253,7 @@ class Journal:
                 marks[origin] = seq
         for origin, seq in marks.items():
             o = origin.encode()
-            add(_MARK.pack(MARK, seq, len(o)) + o)
+            add(MARK_OP.pack(MARK, seq, len(o)) + o)
         stored, pending = self._messages, self._pending
         for key, value in run.messages.items():
             if type(value) is tuple:
@@ -374,7 +262,7 @@ class Journal:
                 q, a, h = queue.encode(), address.encode(), headers.encode()
                 g = b"" if group is None else group.encode()
                 add(
-                    _ADD.pack(
+                    ADD_OP.pack(
                         ADD,
                         msg_id,
                         count,
@@ -393,16 +281,16 @@ class Journal:
                 continue  # added and removed in this frame, or never stored: nothing to do
             elif value is None:
                 q = key[1].encode()
-                add(_DEL.pack(DEL, key[0], len(q)) + q)
+                add(DEL_OP.pack(DEL, key[0], len(q)) + q)
             else:
                 q = key[1].encode()
-                add(_COUNT.pack(COUNT, key[0], value, len(q)) + q)
+                add(COUNT_OP.pack(COUNT, key[0], value, len(q)) + q)
         for (address, dup_id), msg_id in run.ids.items():
             a, d = address.encode(), dup_id.encode()
             if msg_id is None:
-                add(_ID_FORGET.pack(ID_FORGET, len(a), len(d)) + a + d)
+                add(ID_FORGET_OP.pack(ID_FORGET, len(a), len(d)) + a + d)
             else:
-                add(_ID_PUT.pack(ID_PUT, self._take_order(), msg_id, len(a), len(d)) + a + d)
+                add(ID_PUT_OP.pack(ID_PUT, self._take_order(), msg_id, len(a), len(d)) + a + d)
 
     def _take_order(self) -> int:
         order = self._order
@@ -413,9 +301,9 @@ class Journal:
         """Append one frame to the head segment (a new one if it is full), sync, index it;
         `capped`: refused beyond `max_bytes`."""
         payload = b"".join(parts)
-        frame_size = _FRAME.size + len(payload)
+        frame_size = FRAME.size + len(payload)
         head = next(reversed(self._segments.values()))
-        if head.size + frame_size > self.segment_bytes and head.size > _HEAD_FRAME_SIZE:
+        if head.size + frame_size > self.segment_bytes and head.size > HEAD_FRAME_SIZE:
             head = self._new_segment(head.number + 1)
         if (
             capped
@@ -423,10 +311,10 @@ class Journal:
             and self.disk_bytes() + frame_size > self.max_bytes
         ):
             raise JournalFull(self.directory, self.max_bytes)
-        frame = (_FRAME.pack(len(payload), zlib.crc32(payload)), payload)
+        frame = (FRAME.pack(len(payload), zlib.crc32(payload)), payload)
         start = head.size
         try:
-            _write_all(self._fd, *frame)
+            write_all(self._fd, *frame)
         except OSError:
             self._cut(head, start)
             raise
@@ -438,25 +326,25 @@ class Journal:
             self._broken = f"a failed sync of {head.path} ({exc})"
             raise
         head.size = start + frame_size
-        self._index(memoryview(payload), head.number, start + _FRAME.size)
+        self._index(memoryview(payload), head.number, start + FRAME.size)
 
-    def _cut(self, head: _Segment, size: int) -> None:
+    def _cut(self, head: Segment, size: int) -> None:
         """Take a part-written frame off the end of the head segment."""
         try:
             os.ftruncate(self._fd, size)
         except OSError as exc:
             self._broken = f"a failed write to {head.path} that could not be cut off ({exc})"
 
-    def _new_segment(self, number: int) -> _Segment:
+    def _new_segment(self, number: int) -> Segment:
         path = self.directory / f"{number:08d}{SUFFIX}"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-        segment = self._segments[number] = _Segment(number, path)
-        payload = _HEAD.pack(HEAD, number, self.store_id, self.max_id, self._order)
-        frame = _FRAME.pack(len(payload), zlib.crc32(payload))
+        segment = self._segments[number] = Segment(number, path)
+        payload = HEAD_OP.pack(HEAD, number, self.store_id, self.max_id, self._order)
+        frame = FRAME.pack(len(payload), zlib.crc32(payload))
         try:
-            _write_all(fd, frame, payload)
+            write_all(fd, frame, payload)
             os.fsync(fd)
-            _fsync_dir(self.directory)
+            fsync_dir(self.directory)
         except OSError:
             os.close(fd)
             path.unlink(missing_ok=True)
@@ -465,7 +353,7 @@ class Journal:
         if self._fd >= 0:
             os.close(self._fd)
         self._fd = fd
-        segment.size = _HEAD_FRAME_SIZE
+        segment.size = HEAD_FRAME_SIZE
         return segment
 
     # ------------------------------------------------------------------ rolling
@@ -513,7 +401,7 @@ class Journal:
                 os.close(fd)
             oldest.path.unlink()
             del self._segments[oldest.number]
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
         self.rolls += 1
 
     def _live_ops(self, number: int, data: memoryview) -> Iterator[bytes]:
@@ -521,17 +409,17 @@ class Journal:
         they must be written again; an ADD carries its current delivery count."""
         pos = 0
         while pos < len(data):
-            length = _FRAME.unpack_from(data, pos)[0]
-            start = pos + _FRAME.size
+            length = FRAME.unpack_from(data, pos)[0]
+            start = pos + FRAME.size
             p, end = start, start + length
             while p < end:
                 kind = data[p]
-                size = _op_size(data, p)
-                if _is_live(self, kind, data, p, number):
+                size = op_size(data, p)
+                if self._is_live(kind, data, p, number):
                     op = bytearray(data[p : p + size])
                     if kind == ADD:
-                        key = _add_key(data, p)
-                        struct.pack_into("<I", op, _ADD_COUNT_AT, self._messages[key][3])
+                        key = add_key(data, p)
+                        struct.pack_into("<I", op, ADD_COUNT_AT, self._messages[key][3])
                     yield bytes(op)
                 p += size
             pos = end
@@ -545,7 +433,7 @@ class Journal:
             found = self._read(key)
             if found is None:
                 continue
-            message, headers_text = _decode_add(*found)
+            message, headers_text = decode_add(*found)
             if last is not None and last[0] == message.msg_id and last[1] == headers_text:
                 message.headers = last[2]
                 if last[3] == message.body:
@@ -560,7 +448,7 @@ class Journal:
             for msg_id in sorted(ids):
                 found = self._read((msg_id, queue))
                 if found is not None:
-                    page.append(_decode_add(*found)[0])
+                    page.append(decode_add(*found)[0])
             pages.append(page)
         return pages
 
@@ -583,19 +471,6 @@ class Journal:
                 raise StoreError(f"{segment.path}: short of a message at offset {offset}")
             return raw, count
 
-    def load_queues(self) -> list[tuple[str, str, dict]]:
-        rows = sorted(self._queues.items(), key=lambda item: item[1][0])
-        return [
-            (address, name, json.loads(settings)) for name, (_, address, settings, _, _) in rows
-        ]
-
-    def load_marks(self) -> dict[str, int]:
-        return {origin: seq for origin, (seq, _, _) in self._marks.items()}
-
-    def load_ids(self) -> list[tuple[str, str, int]]:
-        rows = sorted(self._ids.items(), key=lambda item: item[1][0])
-        return [(address, dup_id, msg_id) for (address, dup_id), (_, msg_id, _, _) in rows]
-
     def disk_bytes(self) -> int:
         return sum(s.size for s in self._segments.values())
 
@@ -607,137 +482,3 @@ class Journal:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-
-
-_HEAD_FRAME_SIZE = _FRAME.size + _HEAD.size
-
-
-def _q_size(entry: tuple[int, str, str, int, int]) -> int:
-    return _Q_SAVE.size + len(entry[1].encode()) + len(entry[2].encode())
-
-
-def _bad_frame(view: memoryview, pos: int) -> str | None:
-    """What is wrong with the frame at `pos`, or None if it is whole and intact."""
-    if len(view) - pos < _FRAME.size:
-        return "a frame header cut short"
-    length, crc = _FRAME.unpack_from(view, pos)
-    start = pos + _FRAME.size
-    if length == 0 or start + length > len(view):
-        return f"a frame of {length} bytes past the end of the file"
-    if zlib.crc32(view[start : start + length]) != crc:
-        return "a frame failing its checksum"
-    return None
-
-
-def _whole_frame_after(view: memoryview, pos: int) -> bool:
-    """Whether an intact frame follows the bad one at `pos` (its header's length taken at its
-    word): then the bad frame is damage inside the log, not a write cut short at its end."""
-    if len(view) - pos < _FRAME.size:
-        return False
-    length = _FRAME.unpack_from(view, pos)[0]
-    after = pos + _FRAME.size + length
-    return length > 0 and after < len(view) and _bad_frame(view, after) is None
-
-
-def _op_size(data: memoryview, p: int) -> int:
-    kind = data[p]
-    if kind == ADD:
-        f = _ADD.unpack_from(data, p)
-        return _ADD.size + f[5] + f[6] + f[7] + max(f[8], 0) + f[9]
-    if kind == DEL:
-        return _DEL.size + _DEL.unpack_from(data, p)[2]
-    if kind == COUNT:
-        return _COUNT.size + _COUNT.unpack_from(data, p)[3]
-    if kind == MARK:
-        return _MARK.size + _MARK.unpack_from(data, p)[2]
-    if kind == ID_PUT:
-        f = _ID_PUT.unpack_from(data, p)
-        return _ID_PUT.size + f[3] + f[4]
-    if kind == ID_FORGET:
-        f = _ID_FORGET.unpack_from(data, p)
-        return _ID_FORGET.size + f[1] + f[2]
-    if kind == Q_SAVE:
-        f = _Q_SAVE.unpack_from(data, p)
-        return _Q_SAVE.size + f[2] + f[3] + f[4]
-    if kind == Q_DEL:
-        return _Q_DEL.size + _Q_DEL.unpack_from(data, p)[1]
-    if kind == HEAD:
-        return _HEAD.size
-    raise StoreError(f"unknown journal operation {kind}")
-
-
-def _add_key(data: memoryview, p: int) -> MessageKey:
-    msg_id, lq = _ADD.unpack_from(data, p)[1], _ADD.unpack_from(data, p)[5]
-    q = p + _ADD.size
-    return msg_id, str(data[q : q + lq], "utf-8")
-
-
-def _is_live(journal: Journal, kind: int, data: memoryview, p: int, number: int) -> bool:
-    """Whether the index still points at the operation at `p` of segment `number`."""
-    # The index holds offsets within the segment file: `p` is one too.
-    if kind == ADD:
-        entry = journal._messages.get(_add_key(data, p))
-        return entry is not None and entry[0] == number and entry[1] == p
-    if kind == Q_SAVE:
-        lq = _Q_SAVE.unpack_from(data, p)[2]
-        q = p + _Q_SAVE.size
-        found = journal._queues.get(str(data[q : q + lq], "utf-8"))
-        return found is not None and found[3] == number and found[4] == p
-    if kind == MARK:
-        lo = _MARK.unpack_from(data, p)[2]
-        o = p + _MARK.size
-        mark = journal._marks.get(str(data[o : o + lo], "utf-8"))
-        return mark is not None and mark[1] == number and mark[2] == p
-    if kind == ID_PUT:
-        la, ld = _ID_PUT.unpack_from(data, p)[3:5]
-        a = p + _ID_PUT.size
-        key = (str(data[a : a + la], "utf-8"), str(data[a + la : a + la + ld], "utf-8"))
-        found_id = journal._ids.get(key)
-        return found_id is not None and found_id[2] == number and found_id[3] == p
-    return False
-
-
-def _decode_add(raw: bytes, count: int) -> tuple[Message, bytes]:
-    """A stored message from its ADD operation, with its current delivery count; and its
-    headers' JSON text (copies of one message share it)."""
-    _, msg_id, _, seq, enqueued, lq, la, lh, lg, lb = _ADD.unpack_from(raw, 0)
-    p = _ADD.size
-    queue = raw[p : p + lq].decode()
-    p += lq
-    address = raw[p : p + la].decode()
-    p += la
-    headers_text = raw[p : p + lh]
-    p += lh
-    group = None if lg < 0 else raw[p : p + lg].decode()
-    p += max(lg, 0)
-    message = Message(
-        msg_id=msg_id,
-        queue=queue,
-        address=address,
-        body=raw[p : p + lb],
-        headers=json.loads(headers_text),
-        persistent=True,
-        delivery_count=count,
-        group=group,
-        group_seq=seq,
-        enqueued_ns=enqueued,
-    )
-    return message, headers_text
-
-
-def _write_all(fd: int, *parts: bytes) -> None:
-    """Write every part, in order, however many calls it takes."""
-    written = os.writev(fd, parts)
-    total = sum(len(p) for p in parts)
-    if written < total:
-        rest = memoryview(b"".join(parts))[written:]
-        while rest:
-            rest = rest[os.write(fd, rest) :]
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

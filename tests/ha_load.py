@@ -356,7 +356,7 @@ class HaLoad:
     async def add_worker(self, name: str, url: str) -> Worker:
         """A Python consumer on `url` (an address list: it fails over)."""
         client = self.access.client(url, audit=self.clients_dir, audit_name=name)
-        await client.connect()
+        await connected(client)  # a node just restarted may refuse a moment after it is healthy
         self.clients.append(client)
         worker = Worker(name, hold=HOLD, failover="," in url)
         worker.task = asyncio.create_task(worker.run(client, QUEUE, self.drain))

@@ -7,7 +7,6 @@ and STOMP, and a kill -9, in tests/node/test_duplicates_node.py.
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from broker.effects import Effects
 from broker.engine import Engine
 from broker.message import DUPLICATE_ID_HEADER, Outgoing
 from broker.sending import LocalSendPath
+from broker.store_files import open_store
 
 DUP = DUPLICATE_ID_HEADER
 
@@ -228,9 +228,13 @@ def held(engine: Engine, queue: str) -> list[bytes]:
     return [m.body for m in engine._core.queue(queue).held()]
 
 
-def stored_ids(tmp_path: Path) -> list[tuple[str, str, int]]:
-    with sqlite3.connect(tmp_path / "store.db") as conn:
-        return list(conn.execute("SELECT address, dup_id, msg_id FROM duplicate_ids ORDER BY seq"))
+async def stored_ids(tmp_path: Path) -> list[tuple[str, str, int]]:
+    """What the node's store holds, whichever its format (`store.format: auto`)."""
+    store = open_store(config(tmp_path), None)
+    try:
+        return store.load_ids()
+    finally:
+        await store.close()
 
 
 async def test_ids_are_stored_with_their_messages_and_read_back_at_start(tmp_path: Path) -> None:
@@ -243,7 +247,7 @@ async def test_ids_are_stored_with_their_messages_and_read_back_at_start(tmp_pat
         assert engine.resources()["duplicate_ids"] == 2
     finally:
         await engine.close()
-    assert stored_ids(tmp_path) == [("q", "x", ids[0])]  # the non-persistent one: memory only
+    assert await stored_ids(tmp_path) == [("q", "x", ids[0])]  # the non-persistent one: memory only
 
     engine = Engine(config(tmp_path))
     engine.open()
@@ -264,7 +268,7 @@ async def test_a_lowered_cache_size_shrinks_the_stored_ids_at_start(tmp_path: Pa
         await send(engine, *(out("q", str(i), f"id-{i}") for i in range(5)))
     finally:
         await engine.close()
-    assert [row[1] for row in stored_ids(tmp_path)] == [f"id-{i}" for i in range(5)]
+    assert [row[1] for row in await stored_ids(tmp_path)] == [f"id-{i}" for i in range(5)]
 
     engine = Engine(config(tmp_path, size=2))
     engine.open()
@@ -275,7 +279,7 @@ async def test_a_lowered_cache_size_shrinks_the_stored_ids_at_start(tmp_path: Pa
     finally:
         await engine.close()
     assert fresh[0] not in range(1, 6) and fresh[1] in range(1, 6)
-    assert [row[1] for row in stored_ids(tmp_path)] == ["id-2", "id-5"]
+    assert [row[1] for row in await stored_ids(tmp_path)] == ["id-2", "id-5"]
 
 
 async def test_a_duplicate_is_confirmed_only_once_its_original_is_on_disk(tmp_path: Path) -> None:
