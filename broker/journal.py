@@ -83,7 +83,6 @@ from broker.message import Message
 from broker.store_reads import StoreError
 from broker.store_writes import (
     Folded,
-    IdKey,
     MessageKey,
     QueueDeleted,
     QueueSaved,
@@ -111,14 +110,12 @@ class Journal(JournalIndex):
         self.max_bytes = max_bytes
         self.store_id = 0
         self.max_id = 0
-        self.rolls = 0  # segments removed
-        self._order = 1  # next order number: queues' creation order, duplicate ids' order
-        # key -> [segment, offset, size, delivery count] of its ADD
-        self._messages: dict[MessageKey, list[int]] = {}
-        self._queues: dict[str, tuple[int, str, str, int, int]] = {}  # order, address, settings,
-        self._marks: dict[str, tuple[int, int, int]] = {}  # seq, segment, offset
-        self._ids: dict[IdKey, tuple[int, int, int, int]] = {}  # order, msg id, segment, offset
-        self._segments: dict[int, Segment] = {}  # oldest first
+        self._order = 1
+        self._messages = {}  # the index (its fields: JournalIndex)
+        self._queues = {}
+        self._marks = {}
+        self._ids = {}
+        self._segments = {}
         self._next = 1  # the number of the first segment, when there is none yet
         self._pending: set[MessageKey] = set()  # added by the frame being encoded
         self._fd = -1  # the head segment, open for appending
@@ -402,7 +399,6 @@ class Journal(JournalIndex):
             oldest.path.unlink()
             del self._segments[oldest.number]
         fsync_dir(self.directory)
-        self.rolls += 1
 
     def _live_ops(self, number: int, data: memoryview) -> Iterator[bytes]:
         """The operations of segment `number` (its bytes) that the index still points at, as

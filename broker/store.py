@@ -1,10 +1,10 @@
-"""Durable message storage, the default format: one SQLite file in WAL mode, written by one thread
-with group commit (`broker/store_base.py`).
+"""Durable message storage in one SQLite file in WAL mode, written by one thread with group
+commit (`broker/store_base.py`): `store.format: sqlite`, and what an ha pair replicates.
 
 Why SQLite in WAL mode
-    A broker's disk pattern is "append many small records, delete most of them soon after".
-    SQLite gives us crash-safe transactions, checksummed recovery and a format that ops can
-    inspect with the `sqlite3` shell, without writing a log format of our own. In WAL mode a
+    SQLite gives us crash-safe transactions, checksummed recovery, a format that ops can
+    inspect with the `sqlite3` shell, and read snapshots that a backup's catch-up streams
+    while writes go on (the journal, `broker/journal.py`, costs less CPU). In WAL mode a
     commit is one sequential append to the `-wal` file plus one fsync; pages are copied back
     into the main file later by checkpoints, off the acknowledgement path, and readers (the
     `load_*` calls, `broker/store_reads.py`) never block the writer.
