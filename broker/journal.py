@@ -65,6 +65,8 @@ from broker.journal_format import (
     ID_PUT_OP,
     MARK,
     MARK_OP,
+    MAX_ID,
+    MAX_ID_OP,
     Q_DEL,
     Q_DEL_OP,
     Q_SAVE,
@@ -252,10 +254,12 @@ class Journal(JournalIndex):
             o = origin.encode()
             add(MARK_OP.pack(MARK, seq, len(o)) + o)
         stored, pending = self._messages, self._pending
+        written = self.max_id  # the highest msg id the index will know once this is synced
         for key, value in run.messages.items():
             if type(value) is tuple:
                 pending.add(key)
                 msg_id, queue, address, headers, count, group, seq, enqueued, body = value
+                written = max(written, msg_id)
                 q, a, h = queue.encode(), address.encode(), headers.encode()
                 g = b"" if group is None else group.encode()
                 add(
@@ -288,6 +292,8 @@ class Journal(JournalIndex):
                 add(ID_FORGET_OP.pack(ID_FORGET, len(a), len(d)) + a + d)
             else:
                 add(ID_PUT_OP.pack(ID_PUT, self._take_order(), msg_id, len(a), len(d)) + a + d)
+        if run.highest > written:  # its ADD folded away: ids must still never repeat
+            add(MAX_ID_OP.pack(MAX_ID, run.highest))
 
     def _take_order(self) -> int:
         order = self._order

@@ -21,7 +21,7 @@ from broker.store_writes import MessageKey
 
 FRAME = struct.Struct("<II")  # payload length, CRC-32 of the payload
 # Operations: kind byte, fixed fields, then the lengths' UTF-8 strings (body: bytes) in order.
-HEAD, ADD, DEL, COUNT, MARK, ID_PUT, ID_FORGET, Q_SAVE, Q_DEL = range(1, 10)
+HEAD, ADD, DEL, COUNT, MARK, ID_PUT, ID_FORGET, Q_SAVE, Q_DEL, MAX_ID = range(1, 11)
 HEAD_OP = struct.Struct("<BQqQQ")  # segment, store id, max msg id, next order
 # msg id, delivery count, group seq, enqueued ns; lengths of queue, address, headers, group
 # (-1: none), body
@@ -34,6 +34,8 @@ ID_PUT_OP = struct.Struct("<BQqII")  # order, msg id; lengths of address, duplic
 ID_FORGET_OP = struct.Struct("<BII")  # lengths of address, duplicate id
 Q_SAVE_OP = struct.Struct("<BQIII")  # order; lengths of queue, address, settings
 Q_DEL_OP = struct.Struct("<BI")  # length of queue
+# the highest msg id taken, when no ADD of it was written (added and removed in one frame)
+MAX_ID_OP = struct.Struct("<BQ")
 
 
 class JournalFull(OSError):
@@ -93,6 +95,8 @@ def op_size(data: memoryview, p: int) -> int:
         return Q_DEL_OP.size + Q_DEL_OP.unpack_from(data, p)[1]
     if kind == HEAD:
         return HEAD_OP.size
+    if kind == MAX_ID:
+        return MAX_ID_OP.size
     raise StoreError(f"unknown journal operation {kind}")
 
 

@@ -24,6 +24,8 @@ from broker.journal_format import (
     ID_PUT_OP,
     MARK,
     MARK_OP,
+    MAX_ID,
+    MAX_ID_OP,
     Q_DEL,
     Q_DEL_OP,
     Q_SAVE,
@@ -145,6 +147,9 @@ class JournalIndex:
                 for key in [k for k in self._messages if k[1] == queue]:
                     old = self._messages.pop(key)
                     segments[old[0]].live -= old[2]
+            elif kind == MAX_ID:
+                self.max_id = max(self.max_id, MAX_ID_OP.unpack_from(payload, pos)[1])
+                size = MAX_ID_OP.size
             elif kind == HEAD:
                 _, _, store_id, max_id, order = HEAD_OP.unpack_from(payload, pos)
                 if not self.store_id:
