@@ -17,16 +17,14 @@ read, so frames keep their order.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
-from functools import partial
 from typing import Any
 
 from broker import validation
 from broker.access import OPEN, Access
 from broker.authenticator import Authenticator
 from broker.clock import now_ns
-from broker.core import CoreError, QueueExists
+from broker.core import CoreError
 from broker.effects import Delivery
 from broker.engine import Engine
 from broker.message import GROUP_SEQ_HEADER, Outgoing
@@ -46,11 +44,9 @@ from pinmq.stomp.frames import (
 )
 from pinmq.stomp.outbox import Outbox
 from pinmq.stomp.protocol import (
-    ACK_MODES,
     AUTO,
     CLIENT,
     CLOSE,
-    MAX_SUBSCRIPTIONS,
     SEND_ONLY,
     Close,
     ProtocolError,
@@ -58,16 +54,16 @@ from pinmq.stomp.protocol import (
     Subscription,
     Transactions,
     ack_target,
-    prefetch_of,
     queue_name,
     required,
 )
 from pinmq.stomp.render import render_messages
+from pinmq.stomp.subscribing import Subscribing
 
 # ---- the session ------------------------------------------------------------------------------
 
 
-class Session(Connecting):
+class Session(Connecting, Subscribing):
     """Protocol state of one STOMP connection; the server feeds it bytes and drains `out`."""
 
     def __init__(
@@ -232,67 +228,6 @@ class Session(Connecting):
         await self.sending.send(batch, self.unit)
         self._now = now_ns()
 
-    def _subscribe(self, frame: Frame) -> Awaitable[None] | None:
-        h = frame.headers
-        destination = required(frame, "destination")
-        queue = queue_name(destination)
-        sub_id = h.get("id")
-        if sub_id is None:
-            if self.version != "1.0":
-                raise ProtocolError("SUBSCRIBE frame requires an 'id' header")
-            sub_id = destination
-        if sub_id in self.subs:
-            raise ProtocolError(f"subscription id {sub_id!r} is already in use")
-        if len(self.subs) >= MAX_SUBSCRIPTIONS:
-            raise ProtocolError(f"more than {MAX_SUBSCRIPTIONS} subscriptions on one connection")
-        mode = h.get("ack", "auto")
-        if mode not in ACK_MODES:
-            raise ProtocolError(
-                f"unknown ack mode {mode[:40]!r}: expected auto, client or client-individual"
-            )
-        prefetch = prefetch_of(h, self.settings.default_prefetch)
-        self.access.check("consume", queue)
-        if self.engine.creates(queue):
-            self.access.check("create", queue)
-            return self._create_and_subscribe(queue, sub_id, mode, prefetch)
-        self._register(queue, sub_id, mode, prefetch)
-        return None
-
-    async def _create_and_subscribe(
-        self, queue: str, sub_id: str, mode: str, prefetch: int
-    ) -> None:
-        with contextlib.suppress(QueueExists):  # a SEND may have created it meanwhile
-            config = self.engine.config.queue_config_for(queue)
-            await self.engine.create_queue(queue, queue, config, auto_created=True)
-        self._now = now_ns()
-        self._register(queue, sub_id, mode, prefetch)
-
-    def _register(self, queue: str, sub_id: str, mode: str, prefetch: int) -> None:
-        self._n_subs += 1
-        consumer_id = f"{self.id}-{self._n_subs}"
-        name = f"{self._name}/{sub_id}"
-        stream = self.unit.subscribe(queue, consumer_id, name, prefetch, self.out, self._now)
-        sub = Subscription.of(sub_id, mode, stream, self.version, self.esc_key, self.esc_value)
-        self.subs[sub_id] = sub
-        self.by_consumer[consumer_id] = sub
-        stream.ended.add_done_callback(partial(self._stream_ended, sub))
-
-    def _unsubscribe(self, frame: Frame) -> None:
-        sub_id = frame.headers.get("id")
-        destination = frame.headers.get("destination")
-        if sub_id is None and self.version == "1.0" and destination is not None:
-            # STOMP 1.0 may name the subscription by its destination instead.
-            queue = queue_name(destination)
-            sub_id = next((s.id for s in self.subs.values() if s.queue == queue), destination)
-        if sub_id is None:
-            raise ProtocolError("UNSUBSCRIBE frame requires an 'id' header")
-        sub = self.subs.pop(sub_id, None)
-        if sub is None:
-            raise ProtocolError(f"no subscription {sub_id!r} on this connection")
-        self._close_subscription(sub)
-        if self.by_msg_id:
-            self.by_msg_id = {k: v for k, v in self.by_msg_id.items() if v[0] is not sub}
-
     def _ack(self, frame: Frame) -> None:
         self._settle_frame(frame, "ack")
 
@@ -411,16 +346,6 @@ class Session(Connecting):
             self.closing = True
             if self.on_closing is not None:
                 self.on_closing()
-
-    def _close_subscription(self, sub: Subscription) -> None:
-        del self.by_consumer[sub.consumer_id]
-        self.unit.unsubscribe(sub.stream)
-
-    def _stream_ended(self, sub: Subscription, ended: asyncio.Future[tuple[str, str]]) -> None:
-        """The node ended a subscription (queue deleted, node stopping): STOMP can only ERROR."""
-        if sub.consumer_id in self.by_consumer and not ended.cancelled():
-            _, reason = ended.result()
-            self.fail(reason, headers={"subscription": sub.id})
 
     # ---- effects and output -------------------------------------------------------------------
 
