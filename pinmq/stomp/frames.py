@@ -22,6 +22,13 @@ from dataclasses import dataclass, field
 UNESCAPED_COMMANDS = frozenset({"CONNECT", "STOMP", "CONNECTED"})
 ESCAPING_VERSIONS = frozenset({"1.1", "1.2"})
 _EOL = (10, 13)  # LF, CR
+# Every command a client or a server sends: their command lines need no further checks.
+_COMMANDS = frozenset(
+    {
+        "SEND", "SUBSCRIBE", "UNSUBSCRIBE", "ACK", "NACK", "BEGIN", "COMMIT", "ABORT",
+        "DISCONNECT", "CONNECT", "STOMP", "CONNECTED", "MESSAGE", "RECEIPT", "ERROR",
+    }
+)  # fmt: skip
 
 
 class FrameError(Exception):
@@ -44,30 +51,33 @@ class Frame:
     body: bytes = b""
 
 
-class _Head:
-    """A frame whose command and headers are parsed and whose body is still arriving."""
-
-    __slots__ = ("body_start", "command", "headers", "length")
-
-    def __init__(
-        self, command: str, headers: dict[str, str], body_start: int, length: int | None
-    ) -> None:
-        self.command = command
-        self.headers = headers
-        self.body_start = body_start
-        self.length = length
-
-
 class FrameParser:
-    """Incremental parser: `feed(bytes)`, then call `next()` until it returns None."""
+    """Incremental parser: `feed(bytes)`, then call `next()` until it returns None.
 
-    __slots__ = ("_buf", "_head", "_pos", "_scan", "escaping", "limits")
+    A frame whose head is parsed and whose body is still arriving is kept in `_command` (None
+    when there is none), `_headers`, `_body_start` and `_length`: no object per frame.
+    """
+
+    __slots__ = (
+        "_body_start",
+        "_buf",
+        "_command",
+        "_headers",
+        "_length",
+        "_pos",
+        "_scan",
+        "escaping",
+        "limits",
+    )
 
     def __init__(self, limits: Limits | None = None, *, escaping: bool = False) -> None:
         self._buf = bytearray()
         self._pos = 0  # first byte not consumed yet
         self._scan = 0  # where the search for the header end or the NUL resumes
-        self._head: _Head | None = None
+        self._command: str | None = None
+        self._headers: dict[str, str] = {}
+        self._body_start = 0
+        self._length: int | None = None
         self.limits = limits or Limits()
         self.escaping = escaping  # STOMP 1.1+: header names and values are escaped
 
@@ -80,21 +90,21 @@ class FrameParser:
         """Drop whatever is buffered (the connection ended): its memory goes at once."""
         self._buf = bytearray()
         self._pos = self._scan = 0
-        self._head = None
+        self._command = None
+        self._headers = {}
 
     def feed(self, data: bytes) -> None:
         pos = self._pos
         if pos:
             del self._buf[:pos]  # only a partial frame is left: cheap
             self._scan -= pos
-            if self._head is not None:
-                self._head.body_start -= pos
+            self._body_start -= pos
             self._pos = 0
         self._buf += data
 
     def next(self) -> Frame | None:
         """The next complete frame, or None until more bytes arrive; raises FrameError."""
-        if self._head is None and not self._read_head():
+        if self._command is None and not self._read_head():
             return None
         return self._read_body()
 
@@ -110,7 +120,7 @@ class FrameParser:
         if pos == n:
             self._scan = pos
             return False
-        start = max(self._scan, pos)
+        start = self._scan if self._scan > pos else pos
         lf = buf.find(b"\n\n", start)
         crlf = buf.find(b"\n\r\n", start, n if lf < 0 else lf + 2)  # never past the LF end
         if lf < 0 and crlf < 0:
@@ -129,11 +139,16 @@ class FrameParser:
             head_end, body_start = lf, lf + 2
         else:
             head_end, body_start = crlf, crlf + 3
-        if buf.find(0, pos, head_end) >= 0:
-            raise FrameError("frame ended (NUL byte) before its headers did (no blank line)")
         if body_start - pos > limits.max_frame_size:
             raise FrameError(f"frame exceeds max-frame-size of {limits.max_frame_size} bytes")
-        command, headers = self._parse_head(bytes(buf[pos:head_end]))
+        block = buf[pos:head_end]
+        try:
+            text = block.decode()
+        except UnicodeDecodeError:
+            raise FrameError("frame command or headers are not valid UTF-8") from None
+        if "\0" in text:
+            raise FrameError("frame ended (NUL byte) before its headers did (no blank line)")
+        command, headers = self._parse_head(text, block)
         length = None
         raw = headers.get("content-length")
         if raw is not None:
@@ -146,20 +161,20 @@ class FrameParser:
                 raise FrameError(
                     f"frame of {size} bytes exceeds max-frame-size of {limits.max_frame_size} bytes"
                 )
-        self._head = _Head(command, headers, body_start, length)
+        self._command, self._headers = command, headers
+        self._body_start, self._length = body_start, length
         self._scan = body_start
         return True
 
-    def _parse_head(self, block: bytes) -> tuple[str, dict[str, str]]:
+    def _parse_head(self, text: str, block: bytearray) -> tuple[str, dict[str, str]]:
+        """The command and headers of a head block (`text`, decoded from `block`)."""
         limits = self.limits
-        try:
-            text = block.decode()
-        except UnicodeDecodeError:
-            raise FrameError("frame command or headers are not valid UTF-8") from None
         lines = text.split("\n")
-        command = lines[0].removesuffix("\r")
-        if not (command.isascii() and command.isalpha()):
-            raise FrameError(f"invalid command line {command[:40]!r}")
+        command = lines[0]
+        if command not in _COMMANDS:
+            command = command.removesuffix("\r")
+            if not (command.isascii() and command.isalpha()):
+                raise FrameError(f"invalid command line {command[:40]!r}")
         if len(lines) - 1 > limits.max_headers:
             raise FrameError(
                 f"{command} frame has {len(lines) - 1} headers, more than max-headers "
@@ -198,31 +213,33 @@ class FrameParser:
         return command, headers
 
     def _read_body(self) -> Frame | None:
-        head, buf, limits = self._head, self._buf, self.limits
-        assert head is not None
-        if head.length is not None:
-            end = head.body_start + head.length
+        buf, length, command = self._buf, self._length, self._command
+        assert command is not None
+        if length is not None:
+            end = self._body_start + length
             if len(buf) <= end:
                 return None
             if buf[end] != 0:
                 raise FrameError(
-                    f"{head.command} frame body is longer than its content-length of "
-                    f"{head.length} bytes (no NUL after it)"
+                    f"{command} frame body is longer than its content-length of "
+                    f"{length} bytes (no NUL after it)"
                 )
         else:
             end = buf.find(0, self._scan)
             if end < 0:
                 self._scan = len(buf)
-                if len(buf) - self._pos > limits.max_frame_size:
+                if len(buf) - self._pos > self.limits.max_frame_size:
                     raise FrameError(
-                        f"frame exceeds max-frame-size of {limits.max_frame_size} bytes"
+                        f"frame exceeds max-frame-size of {self.limits.max_frame_size} bytes"
                     )
                 return None
-            if end + 1 - self._pos > limits.max_frame_size:
-                raise FrameError(f"frame exceeds max-frame-size of {limits.max_frame_size} bytes")
-        frame = Frame(head.command, head.headers, bytes(buf[head.body_start : end]))
+            if end + 1 - self._pos > self.limits.max_frame_size:
+                raise FrameError(
+                    f"frame exceeds max-frame-size of {self.limits.max_frame_size} bytes"
+                )
+        frame = Frame(command, self._headers, bytes(buf[self._body_start : end]))
         self._pos = self._scan = end + 1
-        self._head = None
+        self._command = None
         return frame
 
 
