@@ -8,6 +8,11 @@ writer drains, and `render` turns deliveries into MESSAGE frames.
 
 Frames of one read are handled one by one in the session's `Unit`, committed together in
 `flush` (and before anything is awaited), so a burst of SENDs or ACKs costs one store write.
+Consecutive SENDs outside transactions, and consecutive ACKs of one client-individual
+subscription, form a run that is applied as one command (one routing, one settle) when a
+frame of another kind, a `receipt` header or the end of the read ends it; what a frame after
+the run does is applied after it, so frames keep their order. If a run's routing is refused,
+its SENDs are routed one by one and the first refused one is named.
 RECEIPT frames go out in the order of their frames, each only once the store write it depends
 on is on disk. SENDs go through the node's one send path (`broker/sending.py`); a SEND (or
 COMMIT) whose group needs a cluster grouping decision is awaited before the next frame is
@@ -47,6 +52,7 @@ from pinmq.stomp.protocol import (
     AUTO,
     CLIENT,
     CLOSE,
+    INDIVIDUAL,
     SEND_ONLY,
     Close,
     ProtocolError,
@@ -59,6 +65,9 @@ from pinmq.stomp.protocol import (
 )
 from pinmq.stomp.render import render_messages
 from pinmq.stomp.subscribing import Subscribing
+
+# Frames in one run at most: a run's room (memory, disk) is checked once, for all of them.
+RUN_MAX = 100
 
 # ---- the session ------------------------------------------------------------------------------
 
@@ -110,6 +119,11 @@ class Session(Connecting, Subscribing):
         self._name = session_id
         self._now = 0
         self._receipts: list[str] = []
+        # The run: SENDs (or client-individual ACKs of `_run_sub`) applied as one command.
+        self._run: list[Any] = []
+        self._run_sub: Subscription | None = None
+        self._run_command = ""
+        self._run_max = min(RUN_MAX, engine.config.limits.max_batch_messages)
         self.outbox = Outbox(out, self._write_failed)
         self.dests: dict[str, str] = {}
         self.esc_key: Any = escape_10_key
@@ -139,27 +153,84 @@ class Session(Connecting, Subscribing):
                 try:
                     frame = self.parser.next()
                 except FrameError as err:
-                    self.refuse("INVALID_ARGUMENT", str(err))
+                    if await self._end_run():  # the frames before it count
+                        self.refuse("INVALID_ARGUMENT", str(err))
                     return
                 if frame is None:
+                    await self._end_run()
                     return
                 self.frames += 1
+                receipt = frame.headers.get("receipt")
+                blame = None  # the receipt an error names: a run ended by another frame has none
                 try:
+                    if self._run and not (
+                        frame.command == self._run_command and "transaction" not in frame.headers
+                    ):
+                        pending = self._end_run_now()
+                        if pending is not None:
+                            self.flush()
+                            await pending
+                    blame = receipt
                     pending = self.handle(frame)
                     if pending is not None:
                         self.flush()
                         await pending
+                    if self._run and (receipt is not None or len(self._run) >= self._run_max):
+                        pending = self._end_run_now()  # the frame joined the run, and ends it
+                        if pending is not None:
+                            self.flush()
+                            await pending
                 except (ProtocolError, CoreError, StoreError, Denied) as err:
-                    self.refuse(_reason(err), str(err), frame.headers.get("receipt"))
-                    if isinstance(err, Denied) and self.authenticator is not None:
-                        self.authenticator.denied(err, self.peer)
+                    if await self._end_run():  # the frame's own error: the run before it first
+                        self.refuse(_reason(err), str(err), blame)
+                        if isinstance(err, Denied) and self.authenticator is not None:
+                            self.authenticator.denied(err, self.peer)
                     return
-                receipt = frame.headers.get("receipt")
                 if receipt is not None and frame.command not in ("CONNECT", "STOMP", "DISCONNECT"):
                     self._receipts.append(receipt)
         finally:
             self.flush()
             self._count_partial()
+
+    # ---- runs: consecutive SENDs (or ACKs of one subscription) of a read as one command ---
+
+    def _end_run_now(self) -> Awaitable[None] | None:
+        """Apply the run: its ACKs at once, its SENDs routed as one batch (what to await when
+        they must wait). Raises CoreError (or StoreError) for what the run's frames did."""
+        run, sub = self._run, self._run_sub
+        if not run:
+            return None
+        self._run, self._run_sub = [], None
+        if sub is not None:
+            self.unit.settle(sub.stream, "ack", run, now=self._now)
+            return None
+        try:
+            return self._route(run)
+        except CoreError:  # nothing of it was routed: one by one, to stop at the failing one
+            if len(run) == 1:
+                raise
+        return self._route_each(run)
+
+    async def _route_each(self, sends: list[Outgoing]) -> None:
+        for message in sends:
+            pending = self._route([message])
+            if pending is not None:
+                self.flush()
+                await pending
+
+    async def _end_run(self) -> bool:
+        """Apply the run, if any; False if that failed (the session refused and is closing)."""
+        if not self._run:
+            return True
+        try:
+            pending = self._end_run_now()
+            if pending is not None:
+                self.flush()
+                await pending
+        except (ProtocolError, CoreError, StoreError, Denied) as err:
+            self.refuse(_reason(err), str(err))
+            return False
+        return True
 
     def _count_partial(self) -> None:
         """Keep the node's memory meter in step with this connection's partial frame."""
@@ -197,7 +268,9 @@ class Session(Connecting, Subscribing):
         message = Outgoing(address, body, headers, persistent)
         tx = h.get("transaction")
         if tx is None:
-            return self._route([message])
+            self._run.append(message)  # routed with the rest of the run (see `receive`)
+            self._run_command = "SEND"
+            return None
         room = self.engine.admit([(address, persistent)])  # a buffered frame holds memory too
         if room is None:
             self.txs.buffer(tx, message, len(body))
@@ -244,6 +317,15 @@ class Session(Connecting, Subscribing):
         if tx is not None:
             self.txs.buffer(tx, Settle(sub, delivery_id, msg_id, kind), 0)
             return
+        if kind == "ack" and sub.mode == INDIVIDUAL and sub.consumer_id in self.by_consumer:
+            if self._run_sub is not sub:
+                self._end_run_now()  # another subscription's ACKs: settled at once
+                self._run_sub, self._run_command = sub, "ACK"
+            self._run.append(delivery_id)  # settled with the rest of the run (see `receive`)
+            if msg_id is not None:
+                self.by_msg_id.pop(msg_id, None)
+            return
+        self._end_run_now()
         self._settle(Settle(sub, delivery_id, msg_id, kind))
 
     def _settle(self, op: Settle) -> None:

@@ -31,8 +31,8 @@ class StubNode:
     """The engine as a session uses it, over a real core and real units; a commit pushes
     deliveries at once, and a write with persistent messages is `gate` (None: done)."""
 
-    def __init__(self) -> None:
-        self.config = NodeConfig.model_validate({"node": {"id": "unit"}})
+    def __init__(self, settings: dict[str, Any] | None = None) -> None:
+        self.config = NodeConfig.model_validate({"node": {"id": "unit"}, **(settings or {})})
         self.core = self._core = BrokerCore(self.config)  # `_core`: what `creates` reads
         self.outlets = Outlets(lambda: True)
         self.gate: asyncio.Future[None] | None = None
@@ -217,3 +217,105 @@ async def test_close_discards_transactions_and_closes_consumers(stub: StubNode) 
     q = stub.core.queue("q")
     assert (q.depth, q.consumer_count) == (1, 0)
     assert len(session.txs) == 0
+
+
+# ---- runs: consecutive SENDs (or ACKs) of a read applied as one command -----------------------
+
+
+class CountingSendPath(LocalSendPath):
+    """The local send path, recording the size of every batch it routes."""
+
+    def __init__(self) -> None:
+        self.batches: list[int] = []
+
+    def send_now(self, batch: Any, unit: Unit, now_ns: int) -> list[int]:
+        self.batches.append(len(batch))
+        return super().send_now(batch, unit, now_ns)
+
+
+def bodies(stub: StubNode, queue: str) -> list[bytes]:
+    return [m.body for m in stub.core.queue(queue).held()]
+
+
+async def test_a_run_of_sends_is_routed_as_one_batch_before_the_frame_after_it(
+    stub: StubNode,
+) -> None:
+    stub.sending = counting = CountingSendPath()
+    session, out = await new_session(stub)
+    send = [
+        encode_frame("SEND", {"destination": "q", "JMSXGroupID": "g"}, b"%d" % i) for i in range(8)
+    ]
+    subscribe = encode_frame(
+        "SUBSCRIBE", {"destination": "q", "id": "s", "ack": "client-individual"}
+    )
+    last = encode_frame("SEND", {"destination": "q", "JMSXGroupID": "g", "receipt": "r"}, b"8")
+    await session.receive(b"".join([*send[:5], subscribe, *send[5:], last]))
+    assert counting.batches == [5, 4]  # the SUBSCRIBE ended the first run, the receipt the second
+    got = frames_of(session, drain(out))
+    assert [f.body for f in got if f.command == "MESSAGE"] == [b"%d" % i for i in range(9)]
+    assert [f.headers["receipt-id"] for f in got if f.command == "RECEIPT"] == ["r"]
+
+
+async def test_a_refused_send_in_a_run_is_named_and_the_sends_before_it_stay() -> None:
+    stub = StubNode({"address-settings": {"noauto.#": {"auto-create-addresses": False}}})
+    session, out = await new_session(stub)
+    frames = [
+        encode_frame("SEND", {"destination": "q"}, b"1"),
+        encode_frame("SEND", {"destination": "noauto.z"}, b"2"),
+        encode_frame("SEND", {"destination": "q", "receipt": "r"}, b"3"),
+    ]
+    await session.receive(b"".join(frames))
+    assert bodies(stub, "q") == [b"1"]  # nothing after the refused SEND was applied
+    items = drain(out)
+    assert items[-1] is CLOSE
+    [error] = frames_of(session, items[:-1])  # an ERROR, and no RECEIPT
+    assert "noauto.z" in error.headers["message"]
+
+
+async def test_an_invalid_frame_after_a_run_comes_after_the_run(stub: StubNode) -> None:
+    session, out = await new_session(stub)
+    frames = [
+        encode_frame("SEND", {"destination": "q"}, b"1"),
+        encode_frame("SEND", {"destination": "q"}, b"2"),
+        encode_frame("SEND", {"receipt": "r"}, b"3"),  # no destination
+    ]
+    await session.receive(b"".join(frames))
+    assert bodies(stub, "q") == [b"1", b"2"]
+    [error] = frames_of(session, drain(out)[:-1])
+    assert (error.command, error.headers["receipt-id"]) == ("ERROR", "r")
+    assert "destination" in error.headers["message"]
+
+
+class CountingUnit(Unit):
+    """A unit recording the queue and the number of deliveries of every settle."""
+
+    settled: list[tuple[str, int]]
+
+    def settle(self, stream: Any, kind: Any, delivery_ids: Any, *args: Any, **kw: Any) -> None:
+        self.settled.append((stream.queue, len(delivery_ids)))
+        super().settle(stream, kind, delivery_ids, *args, **kw)
+
+
+async def test_acks_of_one_subscription_in_a_read_settle_as_one(stub: StubNode) -> None:
+    unit = CountingUnit(stub.core, stub.outlets, stub._apply, lambda queue: None, None)
+    unit.settled = []
+    stub.unit = lambda: unit  # type: ignore[method-assign]
+    session, out = await new_session(stub)
+    for i in range(5):
+        await session.receive(encode_frame("SEND", {"destination": "q"}, b"%d" % i))
+    for queue in ("q", "p"):
+        await session.receive(
+            encode_frame(
+                "SUBSCRIBE", {"destination": queue, "id": queue, "ack": "client-individual"}
+            )
+        )
+    await session.receive(encode_frame("SEND", {"destination": "p"}, b"p"))
+    ids = [f.headers["ack"] for f in frames_of(session, drain(out))]
+    acks = [encode_frame("ACK", {"id": i}) for i in ids[:5]]
+    last = encode_frame("ACK", {"id": ids[4], "receipt": "r"})
+    await session.receive(
+        b"".join([*acks[:2], encode_frame("ACK", {"id": ids[5]}), *acks[2:4], last])
+    )
+    assert unit.settled == [("q", 2), ("p", 1), ("q", 3)]
+    assert (stub.core.queue("q").depth, stub.core.queue("p").depth) == (0, 0)
+    assert [f.headers["receipt-id"] for f in frames_of(session, drain(out))] == ["r"]
