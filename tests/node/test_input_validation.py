@@ -17,7 +17,7 @@ from stomp_helpers import NODE_STOMP, Connect, Raw, StompNode, queue_depth, subs
 
 from broker.client import InvalidArgument, SyncClient
 from broker.effects import Delivery
-from broker.message import Message
+from broker.message import DUPLICATE_ID_HEADER, Message
 from broker.validation import (
     MAX_NAME_LENGTH,
     InvalidInput,
@@ -184,6 +184,9 @@ _RESERVED = {
     "id",
     "expires",
     "priority",
+    # The same headers are sent twice to each queue: with a duplicate-detection id the second
+    # is a duplicate, dropped by design (tests/node/test_duplicates_node.py).
+    DUPLICATE_ID_HEADER.lower(),
     # A MESSAGE frame's own headers: the node writes them, a sender's value is not passed on.
     *(name.lower() for name in MESSAGE_OWN),
 }
