@@ -42,35 +42,19 @@ import random
 import struct
 import threading
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import structlog
 
+from broker.journal_encode import JournalEncoding
 from broker.journal_format import (
     ADD,
     ADD_COUNT_AT,
-    ADD_OP,
-    COUNT,
-    COUNT_OP,
-    DEL,
-    DEL_OP,
     FRAME,
     HEAD,
     HEAD_FRAME_SIZE,
     HEAD_OP,
-    ID_FORGET,
-    ID_FORGET_OP,
-    ID_PUT,
-    ID_PUT_OP,
-    MARK,
-    MARK_OP,
-    MAX_ID,
-    MAX_ID_OP,
-    Q_DEL,
-    Q_DEL_OP,
-    Q_SAVE,
-    Q_SAVE_OP,
     JournalFull,
     add_key,
     bad_frame,
@@ -80,16 +64,12 @@ from broker.journal_format import (
     whole_frame_after,
     write_all,
 )
-from broker.journal_index import JournalIndex, Segment
+from broker.journal_index import IndexOp, JournalIndex, Segment
 from broker.message import Message
 from broker.store_reads import StoreError
 from broker.store_writes import (
-    Folded,
     MessageKey,
-    QueueDeleted,
-    QueueSaved,
     StoreWrite,
-    fold,
 )
 
 log = structlog.get_logger(__name__)
@@ -99,7 +79,7 @@ ROLL_FRAME_BYTES = 4 * 1024 * 1024  # rolled operations go out in frames of abou
 SUFFIX = ".seg"
 
 
-class Journal(JournalIndex):
+class Journal(JournalIndex, JournalEncoding):
     """The segments of one journal directory and the index replaying them builds.
 
     `append` and `roll` are for one writer thread; `messages`, `read_ids` and the `load_*`
@@ -224,87 +204,20 @@ class Journal(JournalIndex):
         stays (in the file or the index) and the error is raised."""
         if self._broken is not None:
             raise StoreError(f"{self.directory}: journal is unusable after {self._broken}")
-        parts = self._encode(records)
-        if parts:
-            self._write_frame(parts)
-
-    def _encode(self, records: Iterable[StoreWrite]) -> list[bytes]:
         parts: list[bytes] = []
-        add = parts.append
-        self._pending.clear()
-        for item in fold(records):
-            if type(item) is Folded:
-                self._encode_run(item, add)
-            elif type(item) is QueueSaved:
-                known = self._queues.get(item.queue)
-                order = known[0] if known is not None else self._take_order()
-                q, a, s = item.queue.encode(), item.address.encode(), item.settings.encode()
-                add(Q_SAVE_OP.pack(Q_SAVE, order, len(q), len(a), len(s)) + q + a + s)
-            elif type(item) is QueueDeleted:
-                q = item.queue.encode()
-                add(Q_DEL_OP.pack(Q_DEL, len(q)) + q)
-        return parts
+        ops: list[IndexOp] = []
+        self._encode(records, parts, ops)
+        if parts:
+            self._write_frame(parts, ops)
 
-    def _encode_run(self, run: Folded, add: Callable[[bytes], None]) -> None:
-        marks: dict[str, int] = {}
-        for origin, seq in run.marks:
-            if seq > marks.get(origin, seq - 1):
-                marks[origin] = seq
-        for origin, seq in marks.items():
-            o = origin.encode()
-            add(MARK_OP.pack(MARK, seq, len(o)) + o)
-        stored, pending = self._messages, self._pending
-        written = self.max_id  # the highest msg id the index will know once this is synced
-        for key, value in run.messages.items():
-            if type(value) is tuple:
-                pending.add(key)
-                msg_id, queue, address, headers, count, group, seq, enqueued, body = value
-                written = max(written, msg_id)
-                q, a, h = queue.encode(), address.encode(), headers.encode()
-                g = b"" if group is None else group.encode()
-                add(
-                    ADD_OP.pack(
-                        ADD,
-                        msg_id,
-                        count,
-                        seq,
-                        enqueued,
-                        len(q),
-                        len(a),
-                        len(h),
-                        -1 if group is None else len(g),
-                        len(body),
-                    )
-                )
-                add(q + a + h + g)
-                add(body)
-            elif key not in stored and key not in pending:
-                continue  # added and removed in this frame, or never stored: nothing to do
-            elif value is None:
-                q = key[1].encode()
-                add(DEL_OP.pack(DEL, key[0], len(q)) + q)
-            else:
-                q = key[1].encode()
-                add(COUNT_OP.pack(COUNT, key[0], value, len(q)) + q)
-        for (address, dup_id), msg_id in run.ids.items():
-            a, d = address.encode(), dup_id.encode()
-            if msg_id is None:
-                add(ID_FORGET_OP.pack(ID_FORGET, len(a), len(d)) + a + d)
-            else:
-                add(ID_PUT_OP.pack(ID_PUT, self._take_order(), msg_id, len(a), len(d)) + a + d)
-        if run.highest > written:  # its ADD folded away: ids must still never repeat
-            add(MAX_ID_OP.pack(MAX_ID, run.highest))
-
-    def _take_order(self) -> int:
-        order = self._order
-        self._order += 1
-        return order
-
-    def _write_frame(self, parts: list[bytes], capped: bool = True) -> None:
-        """Append one frame to the head segment (a new one if it is full), sync, index it;
-        `capped`: refused beyond `max_bytes`."""
-        payload = b"".join(parts)
-        frame_size = FRAME.size + len(payload)
+    def _write_frame(
+        self, parts: list[bytes], ops: list[IndexOp] | None, capped: bool = True
+    ) -> None:
+        """Append one frame (its payload in `parts`, written as they are) to the head segment
+        (a new one if it is full), sync, index it; `ops`: its operations as the index takes
+        them (None: decoded from its bytes); `capped`: refused beyond `max_bytes`."""
+        length = sum(map(len, parts))
+        frame_size = FRAME.size + length
         head = next(reversed(self._segments.values()))
         if head.size + frame_size > self.segment_bytes and head.size > HEAD_FRAME_SIZE:
             head = self._new_segment(head.number + 1)
@@ -314,10 +227,12 @@ class Journal(JournalIndex):
             and self.disk_bytes() + frame_size > self.max_bytes
         ):
             raise JournalFull(self.directory, self.max_bytes)
-        frame = (FRAME.pack(len(payload), zlib.crc32(payload)), payload)
+        crc = 0
+        for part in parts:
+            crc = zlib.crc32(part, crc)
         start = head.size
         try:
-            write_all(self._fd, *frame)
+            write_all(self._fd, FRAME.pack(length, crc), *parts)
         except OSError:
             self._cut(head, start)
             raise
@@ -329,7 +244,11 @@ class Journal(JournalIndex):
             self._broken = f"a failed sync of {head.path} ({exc})"
             raise
         head.size = start + frame_size
-        self._index(memoryview(payload), head.number, start + FRAME.size)
+        base = start + FRAME.size
+        if ops is None:
+            self._index(memoryview(b"".join(parts)), head.number, base)
+        else:
+            self._apply_ops(ops, head.number, base)
 
     def _cut(self, head: Segment, size: int) -> None:
         """Take a part-written frame off the end of the head segment."""
@@ -394,10 +313,10 @@ class Journal(JournalIndex):
                 chunk.append(op)
                 size += len(op)
                 if size >= ROLL_FRAME_BYTES:
-                    self._write_frame(chunk, capped=False)
+                    self._write_frame(chunk, None, capped=False)
                     chunk, size = [], 0
             if chunk:
-                self._write_frame(chunk, capped=False)
+                self._write_frame(chunk, None, capped=False)
         with self._lock:
             fd = self._readers.pop(oldest.number, None)
             if fd is not None:

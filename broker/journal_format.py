@@ -134,14 +134,19 @@ def decode_add(raw: bytes, count: int) -> tuple[Message, bytes]:
     return message, headers_text
 
 
+# Buffers one writev takes at most (Linux: 1024).
+IOV_MAX = os.sysconf("SC_IOV_MAX")
+
+
 def write_all(fd: int, *parts: bytes) -> None:
-    """Write every part, in order, however many calls it takes."""
-    written = os.writev(fd, parts)
-    total = sum(len(p) for p in parts)
-    if written < total:
-        rest = memoryview(b"".join(parts))[written:]
-        while rest:
-            rest = rest[os.write(fd, rest) :]
+    """Write every part, in order, however many calls it takes (no copy of them all)."""
+    for i in range(0, len(parts), IOV_MAX):
+        chunk = parts[i : i + IOV_MAX]
+        written = os.writev(fd, chunk)
+        if written < sum(map(len, chunk)):
+            rest = memoryview(b"".join(chunk))[written:]
+            while rest:
+                rest = rest[os.write(fd, rest) :]
 
 
 def fsync_dir(directory: Path) -> None:

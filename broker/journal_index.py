@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from broker.journal_format import (
     ADD,
@@ -35,6 +36,13 @@ from broker.journal_format import (
 from broker.store_reads import StoreError
 from broker.store_writes import IdKey, MessageKey
 
+# One operation of a frame as the index takes it: (kind, position in the frame, size, then
+# what the index keeps of it: ADD key count, DEL key, COUNT key count, MARK origin seq,
+# ID_PUT key order msg_id, ID_FORGET key, Q_SAVE queue order address settings, Q_DEL queue,
+# MAX_ID msg_id, HEAD store_id max_id order). Replay decodes them from a frame's bytes; an
+# append makes them with the bytes, so a sync applies them without reading its bytes back.
+IndexOp = tuple[Any, ...]
+
 
 @dataclass(slots=True)
 class Segment:
@@ -60,108 +68,144 @@ class JournalIndex:
     _segments: dict[int, Segment]  # oldest first
 
     def _index(self, payload: memoryview, segment: int, base: int) -> None:
-        """Apply one frame's operations (at `base` in `segment`) to the index."""
+        """Apply one frame's operations (its bytes, at `base` in `segment`) to the index."""
+        self._apply_ops(self._decode(payload, segment, base), segment, base)
+
+    def _decode(self, payload: memoryview, segment: int, base: int) -> list[IndexOp]:
+        """A frame's operations as the index takes them (see `IndexOp`)."""
+        ops: list[IndexOp] = []
+        add = ops.append
         pos, n = 0, len(payload)
-        segments = self._segments
         while pos < n:
             kind = payload[pos]
-            at = base + pos
             if kind == ADD:
                 _, msg_id, count, _, _, lq, la, lh, lg, lb = ADD_OP.unpack_from(payload, pos)
                 p = pos + ADD_OP.size
-                queue = str(payload[p : p + lq], "utf-8")
                 size = ADD_OP.size + lq + la + lh + max(lg, 0) + lb
-                key = (msg_id, queue)
-                old = self._messages.get(key)
-                if old is not None:
-                    segments[old[0]].live -= old[2]
-                self._messages[key] = [segment, at, size, count]
-                segments[segment].live += size
-                if msg_id > self.max_id:
-                    self.max_id = msg_id
+                add((ADD, pos, size, (msg_id, str(payload[p : p + lq], "utf-8")), count))
             elif kind == DEL:
                 _, msg_id, lq = DEL_OP.unpack_from(payload, pos)
                 p = pos + DEL_OP.size
-                old = self._messages.pop((msg_id, str(payload[p : p + lq], "utf-8")), None)
-                if old is not None:
-                    segments[old[0]].live -= old[2]
                 size = DEL_OP.size + lq
+                add((DEL, pos, size, (msg_id, str(payload[p : p + lq], "utf-8"))))
             elif kind == COUNT:
                 _, msg_id, count, lq = COUNT_OP.unpack_from(payload, pos)
                 p = pos + COUNT_OP.size
-                entry = self._messages.get((msg_id, str(payload[p : p + lq], "utf-8")))
-                if entry is not None:
-                    entry[3] = count
                 size = COUNT_OP.size + lq
+                add((COUNT, pos, size, (msg_id, str(payload[p : p + lq], "utf-8")), count))
             elif kind == MARK:
                 _, seq, lo = MARK_OP.unpack_from(payload, pos)
                 p = pos + MARK_OP.size
-                origin = str(payload[p : p + lo], "utf-8")
                 size = MARK_OP.size + lo
-                old_mark = self._marks.get(origin)
-                if old_mark is None or seq >= old_mark[0]:  # equal: the same, rolled
-                    if old_mark is not None:
-                        segments[old_mark[1]].live -= size
-                    self._marks[origin] = (seq, segment, at)
-                    segments[segment].live += size
+                add((MARK, pos, size, str(payload[p : p + lo], "utf-8"), seq))
             elif kind == ID_PUT:
                 _, order, msg_id, la, ld = ID_PUT_OP.unpack_from(payload, pos)
                 p = pos + ID_PUT_OP.size
+                size = ID_PUT_OP.size + la + ld
                 id_key = (
                     str(payload[p : p + la], "utf-8"),
                     str(payload[p + la : p + la + ld], "utf-8"),
                 )
-                size = ID_PUT_OP.size + la + ld
-                self._drop_id(id_key)
-                self._ids[id_key] = (order, msg_id, segment, at)
-                segments[segment].live += size
-                self._order = max(self._order, order + 1)
+                add((ID_PUT, pos, size, id_key, order, msg_id))
             elif kind == ID_FORGET:
                 _, la, ld = ID_FORGET_OP.unpack_from(payload, pos)
                 p = pos + ID_FORGET_OP.size
-                self._drop_id(
-                    (str(payload[p : p + la], "utf-8"), str(payload[p + la : p + la + ld], "utf-8"))
-                )
                 size = ID_FORGET_OP.size + la + ld
+                id_key = (
+                    str(payload[p : p + la], "utf-8"),
+                    str(payload[p + la : p + la + ld], "utf-8"),
+                )
+                add((ID_FORGET, pos, size, id_key))
             elif kind == Q_SAVE:
                 _, order, lq, la, ls = Q_SAVE_OP.unpack_from(payload, pos)
                 p = pos + Q_SAVE_OP.size
+                size = Q_SAVE_OP.size + lq + la + ls
                 queue = str(payload[p : p + lq], "utf-8")
                 address = str(payload[p + lq : p + lq + la], "utf-8")
                 settings = str(payload[p + lq + la : p + lq + la + ls], "utf-8")
-                size = Q_SAVE_OP.size + lq + la + ls
-                old_q = self._queues.get(queue)
-                if old_q is not None:
-                    segments[old_q[3]].live -= _q_size(old_q)
-                self._queues[queue] = (order, address, settings, segment, at)
-                segments[segment].live += size
-                self._order = max(self._order, order + 1)
+                add((Q_SAVE, pos, size, queue, order, address, settings))
             elif kind == Q_DEL:
                 _, lq = Q_DEL_OP.unpack_from(payload, pos)
                 p = pos + Q_DEL_OP.size
-                queue = str(payload[p : p + lq], "utf-8")
                 size = Q_DEL_OP.size + lq
+                add((Q_DEL, pos, size, str(payload[p : p + lq], "utf-8")))
+            elif kind == MAX_ID:
+                size = MAX_ID_OP.size
+                add((MAX_ID, pos, size, MAX_ID_OP.unpack_from(payload, pos)[1]))
+            elif kind == HEAD:
+                _, _, store_id, max_id, order = HEAD_OP.unpack_from(payload, pos)
+                size = HEAD_OP.size
+                add((HEAD, pos, size, store_id, max_id, order))
+            else:
+                raise StoreError(
+                    f"{self.directory}: unknown operation {kind} in segment {segment} at "
+                    f"{base + pos}"
+                )
+            pos += size
+        return ops
+
+    def _apply_ops(self, ops: list[IndexOp], segment: int, base: int) -> None:
+        """Apply a frame's operations, written at `base` in `segment`, to the index."""
+        segments, messages = self._segments, self._messages
+        written = segments[segment]
+        for op in ops:
+            kind, pos, size = op[0], op[1], op[2]
+            if kind == ADD:
+                key, count = op[3], op[4]
+                old = messages.get(key)
+                if old is not None:
+                    segments[old[0]].live -= old[2]
+                messages[key] = [segment, base + pos, size, count]
+                written.live += size
+                if key[0] > self.max_id:
+                    self.max_id = key[0]
+            elif kind == DEL:
+                old = messages.pop(op[3], None)
+                if old is not None:
+                    segments[old[0]].live -= old[2]
+            elif kind == COUNT:
+                entry = messages.get(op[3])
+                if entry is not None:
+                    entry[3] = op[4]
+            elif kind == MARK:
+                origin, seq = op[3], op[4]
+                old_mark = self._marks.get(origin)
+                if old_mark is None or seq >= old_mark[0]:  # equal: the same, rolled
+                    if old_mark is not None:
+                        segments[old_mark[1]].live -= size
+                    self._marks[origin] = (seq, segment, base + pos)
+                    written.live += size
+            elif kind == ID_PUT:
+                id_key, order = op[3], op[4]
+                self._drop_id(id_key)
+                self._ids[id_key] = (order, op[5], segment, base + pos)
+                written.live += size
+                self._order = max(self._order, order + 1)
+            elif kind == ID_FORGET:
+                self._drop_id(op[3])
+            elif kind == Q_SAVE:
+                queue, order = op[3], op[4]
+                old_q = self._queues.get(queue)
+                if old_q is not None:
+                    segments[old_q[3]].live -= _q_size(old_q)
+                self._queues[queue] = (order, op[5], op[6], segment, base + pos)
+                written.live += size
+                self._order = max(self._order, order + 1)
+            elif kind == Q_DEL:
+                queue = op[3]
                 old_q = self._queues.pop(queue, None)
                 if old_q is not None:
                     segments[old_q[3]].live -= _q_size(old_q)
-                for key in [k for k in self._messages if k[1] == queue]:
-                    old = self._messages.pop(key)
+                for key in [k for k in messages if k[1] == queue]:
+                    old = messages.pop(key)
                     segments[old[0]].live -= old[2]
             elif kind == MAX_ID:
-                self.max_id = max(self.max_id, MAX_ID_OP.unpack_from(payload, pos)[1])
-                size = MAX_ID_OP.size
-            elif kind == HEAD:
-                _, _, store_id, max_id, order = HEAD_OP.unpack_from(payload, pos)
+                self.max_id = max(self.max_id, op[3])
+            else:  # HEAD
                 if not self.store_id:
-                    self.store_id = store_id
-                self.max_id = max(self.max_id, max_id)
-                self._order = max(self._order, order)
-                size = HEAD_OP.size
-            else:
-                raise StoreError(
-                    f"{self.directory}: unknown operation {kind} in segment {segment} at {at}"
-                )
-            pos += size
+                    self.store_id = op[3]
+                self.max_id = max(self.max_id, op[4])
+                self._order = max(self._order, op[5])
 
     def _drop_id(self, key: IdKey) -> None:
         old = self._ids.pop(key, None)

@@ -137,6 +137,21 @@ def test_the_journal_reads_back_what_sqlite_reads_back_for_the_same_writes(
     assert journal == sqlite
 
 
+async def test_a_frame_of_more_buffers_than_one_writev_takes_reads_back(tmp_path: Path) -> None:
+    """A write of 600 messages is a frame of 1,800 buffers, over IOV_MAX (1,024)."""
+    s = JournalStore.open(tmp_path)
+    sent = [msg(i, body=b"%d" % i * 7, headers={"k": str(i)}) for i in range(1, 601)]
+    await s.write(added=sent)
+    before = contents(s)
+    await s.close()
+    reopened = JournalStore.open(tmp_path)
+    assert contents(reopened) == before
+    assert [(m.msg_id, m.body, m.headers) for m in reopened.load_messages()] == [
+        (m.msg_id, m.body, m.headers) for m in sent
+    ]
+    await reopened.close()
+
+
 # ---- rolling segments -------------------------------------------------------------------------
 
 
