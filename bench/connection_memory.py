@@ -38,12 +38,13 @@ def settled(pid: int) -> float:
     return last
 
 
-def fallen(pid: int, below: float, timeout_s: float = 20.0) -> None:
-    """Wait (bounded) until RSS is under `below`: the node has begun to free the closed
-    connections' buffers. On a loaded machine it may notice the closes later than one 100 ms
-    step of `settled`, which would then read the peak; a node that frees nothing waits it out."""
+def crossed(pid: int, mib: float, upward: bool, timeout_s: float = 20.0) -> None:
+    """Wait (bounded) until RSS is above `mib` (`upward`) or below it: the node has begun to
+    take the parked frames in, or to free them. On a loaded machine it may get to them later
+    than one 100 ms step of `settled`, which would then read too early; a node that never
+    does waits it out."""
     deadline = time.monotonic() + timeout_s
-    while rss_mib(pid) >= below and time.monotonic() < deadline:
+    while (rss_mib(pid) > mib) != upward and time.monotonic() < deadline:
         time.sleep(0.1)
 
 
@@ -73,10 +74,11 @@ def main() -> bool:
                 s = socket.create_connection(("127.0.0.1", port))
                 s.sendall(connect + head + b"x" * parked)
                 socks.append(s)
+            crossed(node.pid, start + args.sockets * args.parked / 2, upward=True)
             peak = settled(node.pid)
             for s in socks:
                 s.close()
-            fallen(node.pid, below=peak - (peak - start) / 2)
+            crossed(node.pid, peak - (peak - start) / 2, upward=False)
             after = settled(node.pid)
             print(f"{i:5d} {start:10.0f} {peak:11.0f} {after:10.0f}", flush=True)
     return True
