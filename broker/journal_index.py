@@ -102,20 +102,12 @@ class JournalIndex:
                 _, order, msg_id, la, ld = ID_PUT_OP.unpack_from(payload, pos)
                 p = pos + ID_PUT_OP.size
                 size = ID_PUT_OP.size + la + ld
-                id_key = (
-                    str(payload[p : p + la], "utf-8"),
-                    str(payload[p + la : p + la + ld], "utf-8"),
-                )
-                add((ID_PUT, pos, size, id_key, order, msg_id))
+                add((ID_PUT, pos, size, _id_key(payload, p, la, ld), order, msg_id))
             elif kind == ID_FORGET:
                 _, la, ld = ID_FORGET_OP.unpack_from(payload, pos)
                 p = pos + ID_FORGET_OP.size
                 size = ID_FORGET_OP.size + la + ld
-                id_key = (
-                    str(payload[p : p + la], "utf-8"),
-                    str(payload[p + la : p + la + ld], "utf-8"),
-                )
-                add((ID_FORGET, pos, size, id_key))
+                add((ID_FORGET, pos, size, _id_key(payload, p, la, ld)))
             elif kind == Q_SAVE:
                 _, order, lq, la, ls = Q_SAVE_OP.unpack_from(payload, pos)
                 p = pos + Q_SAVE_OP.size
@@ -256,3 +248,8 @@ class JournalIndex:
 
 def _q_size(entry: tuple[int, str, str, int, int]) -> int:
     return Q_SAVE_OP.size + len(entry[1].encode()) + len(entry[2].encode())
+
+
+def _id_key(payload: memoryview, p: int, la: int, ld: int) -> IdKey:
+    """The (address, duplicate id) an ID_PUT or ID_FORGET names, its text at `p`."""
+    return str(payload[p : p + la], "utf-8"), str(payload[p + la : p + la + ld], "utf-8")
