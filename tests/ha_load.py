@@ -399,7 +399,19 @@ class HaLoad:
         """One message of a group never sent before: its binding is new."""
         named = f"py-new-g{group}"
         async with self.access.client(url, audit=self.clients_dir, audit_name=named) as client:
-            await client.producer(QUEUE, group_id=f"g{group:02d}").send(body(group, 0))
+            await self.send_first(client, group)
+
+    async def producing_client(self, name: str, url: str, **options: Any) -> Client:
+        """An audited client of `url`, connected (`options`: call_timeout, ...), closed with
+        the load's."""
+        client = self.access.client(url, audit=self.clients_dir, audit_name=name, **options)
+        await connected(client)
+        self.clients.append(client)
+        return client
+
+    async def send_first(self, client: Client, group: int) -> None:
+        """The first message of group `group` through `client`; confirmed once it returns."""
+        await client.producer(QUEUE, group_id=f"g{group:02d}").send(body(group, 0))
         self.confirmed.add(body(group, 0))
 
     def acked(self) -> set[bytes]:

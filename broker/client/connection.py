@@ -44,6 +44,9 @@ from pinmq_pb import client_pb2 as pb
 from pinmq_pb import client_pb2_grpc as pb_grpc
 
 MAX_ROUND_PAUSE_S = 0.25  # between rounds of connect attempts while no address answers
+# After a deadline passed: how long a node's keepalive has to show it froze (a ping is sent
+# within one interval and given up within another).
+FROZEN_WAIT_S = 2 * channels.KEEPALIVE_MS / 1000 + 1.0
 log = logging.getLogger("pinmq.client")
 
 
@@ -63,7 +66,8 @@ class Client:
     full-policy BLOCK, a full disk) has none: `on_blocked` (default: a logging warning) is
     told and the send waits.
 
-    Failover: when the connection drops (a node that died, stopped or stopped answering),
+    Failover: when the connection drops (a node that died, stopped or stopped answering; a
+    call past its deadline on a node that then fails its keepalive pings counts too),
     the client moves to the next address of `url` that answers, in turns, for at most
     `failover_timeout` seconds (default: 30 with several addresses; 0, no failover, with
     one: its calls then fail as they come and the channel reconnects by itself). It moves as
@@ -200,20 +204,27 @@ class Client:
         """Connect to the next address that answers, after the current one, unless the
         client has moved since `generation` already. Concurrent callers share one move;
         ConnectionLost when no address answers within `failover_timeout`."""
-        if generation != self.generation:
+        moving = self._start_move(generation)
+        if moving is None:
             return
-        if self._channel is None:
-            raise ConnectionLost("the client is closed: nothing was sent", "CANCELLED")
-        if self._moving is None or self._moving.done():
-            self._moving = asyncio.create_task(self._move_on())
-            self._moving.add_done_callback(_seen)
-        moving = self._moving
         await asyncio.wait([moving])  # a waiter that is cancelled leaves the move running
         if moving.cancelled():
             raise ConnectionLost(
                 "the client was closed while moving: nothing was sent", "CANCELLED"
             )
         moving.result()
+
+    def _start_move(self, generation: int) -> asyncio.Task[None] | None:
+        """The move away from the node of `generation` (begun now, or the one under way);
+        None if the client has moved since."""
+        if generation != self.generation:
+            return None
+        if self._channel is None:
+            raise ConnectionLost("the client is closed: nothing was sent", "CANCELLED")
+        if self._moving is None or self._moving.done():
+            self._moving = asyncio.create_task(self._move_on())
+            self._moving.add_done_callback(_seen)
+        return self._moving
 
     async def _move_on(self) -> None:
         """Move to another address; the old channel is closed once the new one is in use, so
@@ -244,9 +255,13 @@ class Client:
             generation = self.generation
             try:
                 return await attempt()
-            except PinmqError as err:
+            except PinmqError as caught:
+                err = await self._frozen_or_slow(caught, generation)
                 if not self._cut_short(err, generation, repeat_unknown):
-                    raise
+                    if err is caught:
+                        raise
+                    self._start_move(generation)  # a frozen node: later calls go elsewhere
+                    raise err from caught
                 if not isinstance(err, ConnectionLost):
                     maybe_done = err
                 last = err
@@ -264,6 +279,31 @@ class Client:
                     f"{maybe_done or last}; and no node to try again: {gave_up}", "UNAVAILABLE"
                 ) from None
 
+    async def _frozen_or_slow(self, err: PinmqError, generation: int) -> PinmqError:
+        """`err`, or for a deadline passed on a node that then fails its keepalive pings (it
+        froze: a stopped process, a hung host), the dropped connection it is, to fail over
+        from as an outage is. A node that answers its pings is slow, not gone: the client
+        stays, and `err` (an unknown outcome past the deadline) stands.
+
+        Waits at most two keepalive intervals and a margin, and only with somewhere to go."""
+        channel = self._channel
+        if err.code != "DEADLINE_EXCEEDED" or not self.fails_over or channel is None:
+            return err
+        if generation == self.generation:
+            loop = asyncio.get_running_loop()
+            until = loop.time() + FROZEN_WAIT_S
+            state = channel.get_state()
+            while state == grpc.ChannelConnectivity.READY:
+                try:
+                    async with asyncio.timeout(until - loop.time()):
+                        await channel.wait_for_state_change(state)
+                except TimeoutError:
+                    return err  # its pings were answered all along
+                state = channel.get_state()
+        return OutcomeUnknown(
+            f"{err}; {self.target} has stopped answering its keepalive pings", "UNAVAILABLE"
+        )
+
     def _cut_short(self, err: PinmqError, generation: int, repeat_unknown: bool) -> bool:
         """Whether a failover may run again the attempt that `err` ended on `generation`."""
         if not self.fails_over:
@@ -279,12 +319,21 @@ class Client:
         unknown. A read runs again after a failover; a change only if it was never sent."""
 
         async def attempt() -> Any:
+            target = self.target
             try:
                 return await getattr(self._admin, method)(
                     request, timeout=self.call_timeout, metadata=self.metadata
                 )
             except grpc.RpcError as err:
-                raise from_rpc(err, self.target) from None
+                raise from_rpc(err, target) from None
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # this task was cancelled, not the call
+                # grpcio ends a unary call whose channel closed (the client moved) this way.
+                raise OutcomeUnknown(
+                    f"the client moved away from {target} during the call", "CANCELLED"
+                ) from None
 
         return await self._with_failover(attempt, repeat_unknown=not changes)
 

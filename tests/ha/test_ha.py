@@ -134,14 +134,18 @@ async def test_kill_9_of_the_primary_under_load_the_backup_takes_over(
 async def test_a_frozen_primary_fences_itself_and_rejoins_as_the_backup(tmp_path: Path) -> None:
     """SIGSTOP of the primary past failure-timeout under load: the backup is elected; the
     primary, woken, finds its promises expired and stops serving before anything else, and
-    follows the backup. Its clients move to the backup."""
+    follows the backup. Its clients move to the backup, a consumer and a producer whose call
+    passed its deadline before keepalive noticed the freeze among them."""
     async with drill(tmp_path) as (ha, load):
         await load.send(range(0, 10))
         primary = ha.primary
         assert primary.proc is not None
+        hasty = await load.producing_client("py-hasty", ha.pair_url, call_timeout=1.0)
+        assert hasty.target == primary.url
         sending = asyncio.create_task(load.send(range(10, 30)))
         await asyncio.sleep(0.3)
         primary.proc.send_signal(signal.SIGSTOP)
+        hasty_send = asyncio.create_task(load.send_first(hasty, LOAD_GROUPS + 2))
         try:
             await until(
                 "the backup serves as node1",
@@ -158,6 +162,10 @@ async def test_a_frozen_primary_fences_itself_and_rejoins_as_the_backup(tmp_path
         )
         assert not serving(primary)
         await sending
+        await hasty_send  # past its deadline at the primary, then sent again to the backup
+        assert hasty.target == ha.backup.url
+        [pair_consumer] = [w for w in load.workers if w.name == "py-pair"]
+        assert load.clients[load.workers.index(pair_consumer)].target == ha.backup.url
         await until(
             "the old primary in sync",
             lambda: ha_detail(ha.backup, "backup_in_sync"),
