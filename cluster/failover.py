@@ -97,6 +97,7 @@ class Member(Voter):
         self.role = Role.PASSIVE
         self.active: str | None = None  # whom a passive follows
         self.in_sync = False  # passive: holds everything the active it follows acknowledged
+        self._copy_epoch = 0  # passive: the epoch whose active's stream runs to it, synced
         self._rng = rng or random.Random(name)
         fresh = ballot is None and self.durable.data_epoch == 0
         # A fresh primary starts the cluster; anyone else waits to hear from an active first.
@@ -167,15 +168,24 @@ class Member(Voter):
         return self._announce(False, now)
 
     def synced(self, epoch: int) -> None:
-        """Passive: caught up with the active of `epoch`."""
-        if self.role.follows and epoch == self.ballot.record.epoch:
-            self.in_sync = True
+        """Passive: caught up with the active of `epoch` (its snapshot on disk).
+
+        The data counts even before a heartbeat of that epoch is heard: the active may die
+        first (its stream to us ran, its heartbeats did not), and whether this copy may be
+        elected is the voters' to judge, by what that active announced to them. Following
+        it (`in_sync`) waits for its heartbeat."""
+        if not self.role.follows or epoch < self.ballot.record.epoch:
+            return  # a stream from an active older than one we heard of
+        self._copy_epoch = epoch
+        self.in_sync = epoch == self.ballot.record.epoch
+        if epoch > self.durable.data_epoch:
             self.durable.data_epoch = epoch
             self.changed = True
 
     def unsynced(self) -> None:
         """Passive: replication broke off; a catch-up is needed before it counts as in sync."""
         self.in_sync = False
+        self._copy_epoch = 0
 
     # ---- time and messages
 
@@ -308,7 +318,8 @@ class Member(Voter):
             return [Send(hb.sender, reply)]
         self._step_down(now, f"{hb.sender} is active at epoch {hb.epoch}")
         if followed != (hb.sender, hb.epoch):
-            self.in_sync = False  # a new active, or the same at a new epoch: catch up first
+            # A new active, or the same at a new epoch: in sync only if its stream came first.
+            self.in_sync = self._copy_epoch == hb.epoch
         self.active = hb.sender
         self._stand_at = now + self._patience()
         wants = self.primary and self.allow_failback and self.in_sync
@@ -322,6 +333,7 @@ class Member(Voter):
             return  # a passive member, or one asking whether it may stand: nothing to undo
         self.active = None
         self.in_sync = False
+        self._copy_epoch = 0
         self._promises.clear()
         self._stand_at = self.promised_until + self._patience()
 

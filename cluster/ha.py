@@ -189,7 +189,6 @@ class PairShell:
         self._tasks: set[asyncio.Task[None]] = set()
         self._ticking: asyncio.Task[None] | None = None
         self._waiting_alone: list[asyncio.Future[None]] = []
-        self._replica_epoch: int | None = None  # passive: the snapshot of this epoch's active
         self._backup_watch: asyncio.TimerHandle | None = None  # active: a backup out of sync
         self._last = self.describe()
         self._defeat = self.member.defeat
@@ -241,20 +240,11 @@ class PairShell:
 
     def replica_synced(self, epoch: int) -> None:
         """Passive: the snapshot of the active of `epoch` is on disk, and the stream runs."""
-        self._replica_epoch = epoch
-        self._resync()
+        self.member.synced(epoch)
         self._persist()
 
     def replica_broke(self) -> None:
-        self._replica_epoch = None
         self.member.unsynced()
-
-    def _resync(self) -> None:
-        """The member forgets it is in sync whenever it hears of a new active; the stream
-        from that active may have come first."""
-        member = self.member
-        if self._replica_epoch is not None and not member.in_sync:
-            member.synced(self._replica_epoch)
 
     def peer_is(self, name: str, address: str) -> None:
         """The primary learns its backup when it connects for replication."""
@@ -324,7 +314,6 @@ class PairShell:
         return to_pb(self.logical, message, self.timing.failure_timeout)
 
     def _handle(self, sends: list[Send]) -> None:
-        self._resync()
         self._persist()
         for send in sends:
             address = self.peer_address if send.to == self.member.peer else send.to

@@ -224,7 +224,9 @@ class Sim:
         now = self._local(proc)
         following = node.role.follows and node.active == message.sender
         if isinstance(message, Snapshot):
-            if following and message.epoch == node.ballot.record.epoch:
+            # The replica streams from its peer, whether or not a heartbeat of that epoch
+            # came first (cluster/replica.py): the member decides what the copy is worth.
+            if node.role.follows and message.epoch >= node.ballot.record.epoch:
                 proc.log = list(message.log)
                 node.synced(message.epoch)
                 self._persist(proc)

@@ -147,6 +147,32 @@ def test_kill_9_of_the_primary_the_backup_takes_over_with_every_acked_binding() 
     assert acked.items() <= dict(sim.procs[BACKUP].log).items()
 
 
+def test_a_backup_synced_by_an_active_it_never_heard_takes_over_when_that_active_dies() -> None:
+    """The primary, restarted alone, is elected at epoch 2; its backup comes back with its
+    heartbeats cut off (replication's own connection runs), installs epoch 2's snapshot and
+    is announced in sync to the voters, and then the primary dies. The backup never heard a
+    heartbeat of epoch 2, yet it holds epoch 2's data and the voters know it: it is elected."""
+    sim = started()
+    sim.crash(BACKUP)
+    sim.crash(PRIMARY, restart_in=10)
+    sim.run(until=sim.now + 500)
+    assert sim.serving() == [PRIMARY] and member(sim, PRIMARY).epoch == 2
+    sim.mute(PRIMARY, BACKUP, duration=10_000)
+    sim.restart(BACKUP)
+    voters = [sim.procs[name].node for name in ("node2", "node3")]
+    for _ in range(2_000):
+        if all(v.ballot.record.epoch == 2 and v.ballot.record.backup_in_sync for v in voters):
+            break
+        sim.step()
+    else:
+        raise AssertionError("the voters never heard the backup announced in sync")
+    backup = member(sim, BACKUP)
+    assert backup.ballot.record.epoch == 1 and backup.durable.data_epoch == 2
+    sim.crash(PRIMARY)
+    sim.run(until=sim.now + 600)
+    assert sim.serving() == [BACKUP] and backup.epoch == 3
+
+
 def test_a_backup_out_of_sync_never_takes_over() -> None:
     sim = started()
     sim.cut(PRIMARY, BACKUP, duration=10_000)
