@@ -97,6 +97,15 @@ def unique(prefix: str = "q") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
+async def create_on(queue: str, *nodes: NodeProcess) -> None:
+    """`queue` created on each of `nodes` (standalone nodes share nothing)."""
+    from broker.client import Client  # the client only where a test uses one
+
+    for node in nodes:
+        async with Client(node.url) as client:
+            await client.create_queue(queue)
+
+
 async def depth(client: Client, queue: str) -> int:
     """Messages `queue` holds at the client's node, delivered or not, not yet acknowledged."""
     return next(q.depth for q in await client.queues() if q.name == queue)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import PINMQ, NodeProcess, cli, depth, drain, unique
+from conftest import PINMQ, NodeProcess, cli, create_on, depth, drain, unique
 
 from broker.audit import read_events, segments
 from broker.client import (
@@ -38,12 +38,6 @@ GUARD_S = 60.0
 Nodes = Callable[..., NodeProcess]
 
 
-async def create(queue: str, *nodes: NodeProcess) -> None:
-    for node in nodes:
-        async with Client(node.url) as client:
-            await client.create_queue(queue)
-
-
 def duplicate_ids(messages: list[Received]) -> dict[int, str]:
     """JMSXGroupSeq -> `_AMQ_DUPL_ID`, checking that no sequence number came twice."""
     ids = {m.group_seq: m.headers[DUPLICATE_ID_HEADER] for m in messages}
@@ -57,7 +51,7 @@ async def test_the_client_follows_its_nodes_and_gives_up_once_none_is_left(
 ) -> None:
     a, b, c = node_factory(), node_factory(), node_factory()
     queue = unique()
-    await create(queue, b, c)
+    await create_on(queue, b, c)
     notices: list[str] = []
     url = f"{a.url},{b.url},{c.url}"
     async with Client(url, failover_timeout=2, on_failover=notices.append) as client:
@@ -96,7 +90,7 @@ async def test_a_consumer_goes_on_at_the_next_node_and_its_stale_messages_cannot
 ) -> None:
     a, b = node_factory(), node_factory()
     queue = unique()
-    await create(queue, a, b)
+    await create_on(queue, a, b)
     notices: list[str] = []
     async with (
         Client(f"{a.url},{b.url}", on_failover=notices.append) as client,
@@ -131,7 +125,7 @@ async def test_unacked_messages_come_back_redelivered_when_the_node_returns(
 ) -> None:
     node = node_factory()
     queue = unique()
-    await create(queue, node)
+    await create_on(queue, node)
     notices: list[str] = []
     async with (
         Client(node.url, failover_timeout=GUARD_S, on_failover=notices.append) as client,
@@ -161,7 +155,7 @@ async def test_a_send_cut_short_goes_again_to_the_next_node_as_the_same_messages
 ) -> None:
     a, b = node_factory(), node_factory()
     queue, n = unique(), 1000
-    await create(queue, a, b)
+    await create_on(queue, a, b)
     confirmed: Counter[str] = Counter()  # messages confirmed, by the node that confirmed them
     async with Client(f"{a.url},{b.url}") as client:
         producer = client.producer(queue, group_id="g")
@@ -194,7 +188,7 @@ async def test_a_send_whose_retry_gives_up_says_the_outcome_is_unknown_and_how_t
 ) -> None:
     node = node_factory()
     queue = unique()
-    await create(queue, node)
+    await create_on(queue, node)
     async with Client(node.url, failover_timeout=1, connect_timeout=0.5) as client:
         producer = client.producer(queue)
         assert node.proc is not None
@@ -213,7 +207,7 @@ async def test_a_send_whose_retry_gives_up_says_the_outcome_is_unknown_and_how_t
 def test_cli_consume_moves_to_the_next_node_of_pinmq_url_and_says_so(node_factory: Nodes) -> None:
     a, b = node_factory(), node_factory()
     queue = unique()
-    asyncio.run(create(queue, a, b))
+    asyncio.run(create_on(queue, a, b))
     env = {**os.environ, "PINMQ_URL": f"{a.url},{b.url}"}
     consume = subprocess.Popen(
         [*PINMQ, "consume", queue, "--count", "2", "--timeout", str(GUARD_S), "--json"],
@@ -269,7 +263,7 @@ async def test_an_auditing_client_names_the_node_it_was_on_for_each_event(
 ) -> None:
     a, b = node_factory(), node_factory()
     queue = unique()
-    await create(queue, a, b)
+    await create_on(queue, a, b)
     async with Client(f"{a.url},{b.url}", audit=tmp_path / "audit") as client:
         producer = client.producer(queue, group_id="g")
         await producer.send("at a")

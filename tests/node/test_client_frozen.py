@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import pytest
-from conftest import NodeProcess, drain, unique
+from conftest import NodeProcess, create_on, drain, unique
 from grpc import aio
 
 from broker.client import Client, OutcomeUnknown
@@ -27,18 +27,12 @@ GUARD_S = 60.0
 Nodes = Callable[..., NodeProcess]
 
 
-async def create(queue: str, *nodes: NodeProcess) -> None:
-    for node in nodes:
-        async with Client(node.url) as client:
-            await client.create_queue(queue)
-
-
 async def test_a_send_past_its_deadline_on_a_frozen_node_goes_again_to_the_next_node(
     node_factory: Nodes,
 ) -> None:
     a, b = node_factory(), node_factory()
     queue = unique()
-    await create(queue, a, b)
+    await create_on(queue, a, b)
     notices: list[str] = []
     # A deadline shorter than keepalive's two intervals: the call ends before the transport.
     async with Client(f"{a.url},{b.url}", call_timeout=1.0, on_failover=notices.append) as client:
