@@ -97,7 +97,7 @@ class Member(Voter):
         self.role = Role.PASSIVE
         self.active: str | None = None  # whom a passive follows
         self.in_sync = False  # passive: holds everything the active it follows acknowledged
-        self._copy_epoch = 0  # passive: the epoch whose active's stream runs to it, synced
+        self._copy_epoch = 0  # the epoch of the active whose stream to it runs, caught up
         self._rng = rng or random.Random(name)
         fresh = ballot is None and self.durable.data_epoch == 0
         # A fresh primary starts the cluster; anyone else waits to hear from an active first.
@@ -170,14 +170,15 @@ class Member(Voter):
     def synced(self, epoch: int) -> None:
         """Passive: caught up with the active of `epoch` (its snapshot on disk).
 
-        The data counts even before a heartbeat of that epoch is heard: the active may die
-        first (its stream to us ran, its heartbeats did not), and whether this copy may be
-        elected is the voters' to judge, by what that active announced to them. Following
-        it (`in_sync`) waits for its heartbeat."""
-        if not self.role.follows or epoch < self.ballot.record.epoch:
-            return  # a stream from an active older than one we heard of
+        The data counts even before a heartbeat of that epoch is heard, and while this
+        member stands (a candidate still follows the stream): the active may die first (its
+        stream to us ran, its heartbeats did not), and whether this copy may be elected is
+        the voters' to judge, by what that active announced to them. Following it
+        (`in_sync`) waits for its heartbeat."""
+        if self.role in (Role.ACTIVE, Role.RELEASING) or epoch < self.ballot.record.epoch:
+            return  # an active follows no one; or a stream from an active older than one we know
         self._copy_epoch = epoch
-        self.in_sync = epoch == self.ballot.record.epoch
+        self.in_sync = self.role.follows and epoch == self.ballot.record.epoch
         if epoch > self.durable.data_epoch:
             self.durable.data_epoch = epoch
             self.changed = True
@@ -312,14 +313,13 @@ class Member(Voter):
         return [Send(req.candidate, reply)]
 
     def _on_heartbeat(self, hb: Heartbeat, now: int) -> list[Send]:
-        followed = (self.active, self.ballot.record.epoch)
         reply = self.on_heartbeat(hb, now)
         if not reply.accepted or hb.releasing:  # a release promises nothing: stand on
             return [Send(hb.sender, reply)]
         self._step_down(now, f"{hb.sender} is active at epoch {hb.epoch}")
-        if followed != (hb.sender, hb.epoch):
-            # A new active, or the same at a new epoch: in sync only if its stream came first.
-            self.in_sync = self._copy_epoch == hb.epoch
+        # In sync while that active's stream runs caught up: it may have come before the
+        # heartbeat (a new active), or run on while this member stood.
+        self.in_sync = self._copy_epoch == hb.epoch
         self.active = hb.sender
         self._stand_at = now + self._patience()
         wants = self.primary and self.allow_failback and self.in_sync
@@ -333,7 +333,6 @@ class Member(Voter):
             return  # a passive member, or one asking whether it may stand: nothing to undo
         self.active = None
         self.in_sync = False
-        self._copy_epoch = 0
         self._promises.clear()
         self._stand_at = self.promised_until + self._patience()
 
@@ -361,6 +360,7 @@ class Member(Voter):
         self.active = self.name
         epoch = self.ballot.voted
         self.durable = Durable(data_epoch=epoch)
+        self._copy_epoch = 0  # it follows no one now
         self.ballot.record = Record(epoch, self.name, self.peer, False, 0)
         self.changed = True
         self._seq = 0

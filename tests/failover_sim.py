@@ -226,7 +226,8 @@ class Sim:
         if isinstance(message, Snapshot):
             # The replica streams from its peer, whether or not a heartbeat of that epoch
             # came first (cluster/replica.py): the member decides what the copy is worth.
-            if node.role.follows and message.epoch >= node.ballot.record.epoch:
+            standing = node.role not in (Role.ACTIVE, Role.RELEASING)
+            if standing and message.epoch >= node.ballot.record.epoch:
                 proc.log = list(message.log)
                 node.synced(message.epoch)
                 self._persist(proc)

@@ -18,7 +18,7 @@ from grpc import aio
 from ports import reserve_port
 
 from broker.config_file import parse_config
-from cluster.failover import Member
+from cluster.failover import Durable, Member
 from cluster.failover_messages import Heartbeat, Record, VoteReply, VoteRequest
 from cluster.failover_states import TRANSITIONS, BadTransition, Event, Role, next_role
 from cluster.failover_voting import Ballot, Timing, Voter, quorum
@@ -171,6 +171,26 @@ def test_a_backup_synced_by_an_active_it_never_heard_takes_over_when_that_active
     sim.crash(PRIMARY)
     sim.run(until=sim.now + 600)
     assert sim.serving() == [BACKUP] and backup.epoch == 3
+
+
+def test_a_snapshot_installed_while_the_backup_stood_in_vain_still_counts() -> None:
+    """The backup stood (its heartbeats from the primary lost, replication running); the
+    snapshot arrived meanwhile. Its data counts, and once the primary's heartbeats are heard
+    again it is in sync with no second snapshot."""
+    timing = Timing(heartbeat_interval=20, failure_timeout=100)
+    held = Durable(data_epoch=1)  # a copy of epoch 1 from before its restart
+    backup = Member(BACKUP, PRIMARY, ["node2", "node3"], timing, 0, primary=False, durable=held)
+    backup.receive(Heartbeat(PRIMARY, 1, 1, BACKUP, False), now=0)
+    now = 1_000  # the primary's heartbeats stopped reaching it: pre-vote, then stand
+    asks = backup.tick(now)
+    assert backup.role is Role.PRE_CANDIDATE and asks
+    for voter in ("node2", "node3"):
+        backup.receive(VoteReply(voter, 2, True, 1, backup.ballot.record, pre=True), now)
+    assert backup.role is Role.CANDIDATE
+    backup.synced(1)  # a fresh snapshot of the primary of epoch 1 is on disk
+    assert not backup.in_sync  # a candidate follows no active
+    backup.receive(Heartbeat(PRIMARY, 1, 2, BACKUP, True), now + 1)
+    assert backup.role is Role.PASSIVE and backup.in_sync
 
 
 def test_a_backup_out_of_sync_never_takes_over() -> None:
