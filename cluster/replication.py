@@ -10,11 +10,6 @@ snapshot on disk and is at most `SYNC_LAG` requests behind (or has everything, w
 every new write waits until the backup reports it durable too, and the backup counts as in
 sync once it holds every write before the first that waited.
 
-The snapshot goes as fast as the primary's own latency allows (cluster/catchup_pace.py,
-measured by cluster/snapshot_pacing.py): how late its event loop runs and how long its store's
-commits take, before the snapshot and throughout it; frames wait while the primary is slower
-than its budgets.
-
 A backup that is gone, more than `MAX_QUEUED_BYTES` behind, or does not confirm a write within
 `failure-timeout`, is dropped: what it was still to get is freed, its stream ends even if it
 reads nothing more, and the writes that waited for it complete as any write it does not hold:
@@ -35,10 +30,8 @@ import structlog
 from grpc import aio
 
 from broker.engine import NotServing
-from broker.histogram import Histogram
 from broker.sqlite_file import Pinned
 from cluster import replication_wire as wire
-from cluster.snapshot_pacing import SnapshotPacer
 from pinmq_pb import cluster_pb2 as pb
 
 log = structlog.get_logger(__name__)
@@ -99,7 +92,6 @@ class _Backup:
         self.marks: deque[tuple[int, int]] = deque()
         self.confirmed_bytes = 0
         self.ready = asyncio.Event()  # something queued
-        self.paused_s = 0.0  # how long its snapshot waited for the primary's own latency
         self.latest = after  # highest sequence shipped to it
         self.synced_at: int | None = None  # every write after this sequence waits for it
         self.waiting: deque[tuple[int, asyncio.Future[None], float]] = deque()
@@ -202,10 +194,8 @@ class Replicator:
         sources: Mapping[str, Source],
         failure_timeout_ms: int,
         gate: Gate | None = None,
-        commits: Histogram | None = None,
     ) -> None:
         self.node_id = node_id
-        self.commits = commits  # the message store's commit times: a snapshot's pace
         self.gate = gate  # ha failover: writes only while serving, alone only once voters know
         self.sources = dict(sources)
         self.timeout_s = failure_timeout_ms / 1000
@@ -243,7 +233,6 @@ class Replicator:
             "backup_in_sync": backup.in_sync,
             "backup_behind": self.seq - max(backup.durable, backup.after),
             "backup_behind_bytes": backup.behind_bytes,
-            "snapshot_paused_s": round(backup.paused_s, 3),
         }
 
     async def serve(
@@ -265,27 +254,14 @@ class Replicator:
         receiving = asyncio.ensure_future(self._receive(backup, reports))
         watching = asyncio.ensure_future(self._watch(backup))
         gone = asyncio.ensure_future(backup.gone.wait())
-        pacer = SnapshotPacer(self.commits)
         try:
-            await pacer.start()
-
-            def pause() -> float:
-                """The wait before the next frame, none once the writes queued behind the
-                snapshot near the limit: a backup dropped for it would start over."""
-                wait = pacer.pause()
-                if backup.queued_bytes >= MAX_QUEUED_BYTES // 2:
-                    return 0.0
-                backup.paused_s += wait
-                return wait
-
             epoch = self.gate.epoch if self.gate is not None else 0
             begin = pb.SnapshotBegin(seq=backup.after, primary=self.node_id, epoch=epoch)
             await _write(context, pb.ReplicationFrame(begin=begin), gone)
             for name, (pinned, _) in pins.items():
                 await asyncio.shield(busy[name])
-                await self._send_rows(context, name, pinned, busy, gone, pause)
+                await self._send_rows(context, name, pinned, busy, gone)
                 pinned.close()
-            pacer.stop()
             await _write(context, pb.ReplicationFrame(end=pb.SnapshotEnd()), gone)
             while backup.lost is None:
                 await backup.ready.wait()
@@ -302,7 +278,6 @@ class Replicator:
                 _close_when_idle(pinned, busy[name])
             receiving.cancel()
             watching.cancel()
-            pacer.stop()
             gone.cancel()
             backup.drop("stream ended")
             if self.backup is backup:
@@ -318,11 +293,9 @@ class Replicator:
         pinned: Pinned,
         busy: dict[str, asyncio.Future[Any]],
         gone: asyncio.Future[Any],
-        pause: Callable[[], float],
     ) -> None:
-        """Every row of the file's tables, each frame after the wait `pause` says. Each
-        read runs on a thread, shielded and noted in `busy`: a cancelled stream must not close
-        the pin under it (SQLite then crashes)."""
+        """Every row of the file's tables. Each read runs on a thread, shielded and noted in
+        `busy`: a cancelled stream must not close the pin under it (SQLite then crashes)."""
         for table in self.sources[file].TABLES:
             columns = await _read(busy, file, pinned.columns, table)
             chunks: Iterator[list[tuple[Any, ...]]] = pinned.rows(table, ROWS_PER_FRAME)
@@ -331,8 +304,6 @@ class Replicator:
                     chunk = wire.SnapshotChunk(file, table, columns, run)
                     frame = pb.ReplicationFrame(rows=wire.encode_chunk(chunk))
                     await _write(context, frame, gone)
-                    if wait := pause():
-                        await asyncio.sleep(wait)
 
     async def _receive(self, backup: _Backup, reports: AsyncIterator[pb.ReplicaReport]) -> None:
         try:

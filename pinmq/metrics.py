@@ -331,11 +331,6 @@ def _ha(node: str, ha: Mapping[str, Any]) -> Iterator[Metric]:
             "Bytes of replication records the backup has not confirmed yet (active process).",
             "backup_behind_bytes",
         ),
-        (
-            "pinmq_ha_snapshot_paused_seconds",
-            "Seconds the backup's snapshot waited for this process's own latency (active).",
-            "snapshot_paused_s",
-        ),
     ):
         if key in ha:
             yield _one(name, doc, node, ha[key])

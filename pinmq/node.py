@@ -251,8 +251,7 @@ class Node:
         if ha is None or pair is None or bindings is None:  # no bindings file: REMOTE
             return None
         sources = {"store": self.engine.store, "bindings": bindings}
-        commits = self.engine.store.commit_ns
-        return Replicator(self.config.node.id, sources, ha.failure_timeout, pair, commits)
+        return Replicator(self.config.node.id, sources, ha.failure_timeout, pair)
 
     async def _redistribute_loop(self, clustered: ClusteredSendPath) -> None:
         while True:
