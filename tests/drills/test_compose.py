@@ -78,8 +78,10 @@ async def under_way(sends: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
 
 
 async def pair_status(cluster: ComposeCluster) -> HaPairStatus:
-    """The pair as node2 last heard of it."""
-    async with cluster.client(cluster.client_url("node2")) as client:
+    """The pair as node2 last heard of it (asked again for up to 30 s: under load node2 can
+    take longer than a connect timeout to answer)."""
+    url = cluster.client_url("node2")
+    async with cluster.access.client(url, failover_timeout=30) as client:
         [pair] = (await client.cluster_status()).ha
     return pair
 

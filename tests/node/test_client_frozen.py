@@ -19,6 +19,7 @@ import pytest
 from conftest import NodeProcess, create_on, drain, unique
 from grpc import aio
 
+from broker import channels
 from broker.client import Client, OutcomeUnknown
 from pinmq_pb import client_pb2_grpc as pb_grpc
 
@@ -81,7 +82,9 @@ async def _servers(count: int) -> AsyncIterator[list[tuple[str, _Unanswering]]]:
     started: list[tuple[aio.Server, str, _Unanswering]] = []
     try:
         for _ in range(count):
-            server, servicer = aio.server(), _Unanswering()
+            # A node's keepalive policy: grpc's default takes the client's pings for abuse
+            # and ends the connection (GOAWAY), which looks like the node leaving.
+            server, servicer = aio.server(options=channels.serve_keepalive()), _Unanswering()
             pb_grpc.add_BrokerServicer_to_server(servicer, server)
             port = server.add_insecure_port("127.0.0.1:0")
             await server.start()
