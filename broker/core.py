@@ -16,6 +16,7 @@ from broker.effects import Effects
 from broker.grouping import group_key
 from broker.message import DUPLICATE_ID_HEADER, Message, Outgoing
 from broker.queue import NoSuchGroup, Queue, QueueError
+from broker.restoring import Restoring
 from broker.validation import InvalidInput, check_name
 
 ORIGINAL_ADDRESS_HEADER = "_AMQ_ORIG_ADDRESS"
@@ -62,7 +63,7 @@ class AddressFull(CoreError):
         self.block = refusal.block
 
 
-class BrokerCore:
+class BrokerCore(Restoring):
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
         self._addresses: dict[str, Address] = {}
@@ -121,24 +122,6 @@ class BrokerCore:
         """A queue recorded in the store; the config's own definition wins."""
         if name not in self._queues:
             self._add_queue(address, name, settings, auto_created, restoring=True)
-
-    def restore_messages(self, messages: Iterable[Message], next_msg_id: int) -> tuple[int, int]:
-        """Reload stored messages (in msg_id order), paging them where their address is full
-        under PAGE; returns how many were restored and how many had no queue any more."""
-        restored = orphans = 0
-        fx = Effects()
-        top = next_msg_id
-        for m in messages:
-            q = self._queues.get(m.queue)
-            top = max(top, m.msg_id + 1)
-            if q is None:
-                orphans += 1
-                continue
-            restored += 1
-            self._place(q, m, m.enqueued_ns, fx)
-            self._addresses[q.address].pin(m.group, q.name)
-        self._next_id = max(self._next_id, top)
-        return restored, orphans
 
     # ---- messages ---------------------------------------------------------------------
 

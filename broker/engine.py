@@ -161,7 +161,7 @@ class Engine:
             for address, name, settings in store.load_queues():
                 auto = bool(settings.pop(AUTO_CREATED, False))
                 core.restore_queue(address, name, QueueConfig.model_validate(settings), auto)
-            restored, orphans = core.restore_messages(store.messages(), store.max_msg_id() + 1)
+            restored, orphans = _restore(core, store)
             forget = core.restore_ids(store.load_ids())
         except (StoreError, OSError, ValidationError) as err:
             raise StartupError(f"cannot open store {self.store_path}: {err}") from None
@@ -418,3 +418,17 @@ def _log(fx: Effects) -> None:
             log.warning("queue pages: its address is full, new messages stay on disk", queue=queue)
         else:
             log.info("queue read its page back: all its messages are in memory", queue=queue)
+
+
+def _restore(core: BrokerCore, store: StoreBase) -> tuple[int, int]:
+    """The store's messages into the core: by their index where the store reads one (grouped
+    messages stay paged until they can be delivered), else whole; (restored, orphans)."""
+    next_id = store.max_msg_id() + 1
+    index = store.index()
+    if index is None:
+        return core.restore_messages(store.messages(), next_id)
+    restored, orphans, ungrouped = core.restore_index(index, next_id)
+    for queue, msg_ids in ungrouped.items():
+        [messages] = store.read_ids(queue, [msg_ids])
+        restored += core.restore_messages(messages, next_id)[0]
+    return restored, orphans

@@ -36,14 +36,18 @@ class Paging:
         """A message of `g` (None: ungrouped) stays on disk only, behind the group's paged ones,
         as persistent; its store write is the caller's."""
         m.persistent = True
+        self.add_id(g, m.msg_id)
+
+    def add_id(self, g: Group | None, msg_id: int) -> None:
+        """`add` of a message already in the store, by its id alone."""
         self.count += 1
-        self.last = m.msg_id
+        self.last = msg_id
         if g is None:
-            self.ungrouped.append(m.msg_id)
+            self.ungrouped.append(msg_id)
             return
         if g.page is None:
             g.page = Page()
-        g.page.append(m.msg_id)
+        g.page.append(msg_id)
         if g.pending is None:
             self.wanting[g] = None
 
@@ -57,14 +61,14 @@ class Paging:
         """See `Queue.wanted`; `hungry`: the consumers with credit; `ungrouped_waiting`:
         ungrouped messages wait in memory."""
         out: list[tuple[str | None, list[int]]] = []
-        if not hungry:  # nobody could take them (held groups wait for a consumer too)
-            return out
-        if self.ungrouped and not ungrouped_waiting:
+        if hungry and self.ungrouped and not ungrouped_waiting:
             out.append((None, self.ungrouped.front(each)))
         for g in self.wanting:
             if len(out) >= most:
                 break
-            if g.state & HELD or g.owner is None or g.owner in hungry:
+            # A held group is read back to be moved on (or kept), consumers or not: a restart
+            # restores groups paged, and a cluster holds them until their bindings are known.
+            if g.state & HELD or (hungry and (g.owner is None or g.owner in hungry)):
                 out.append((g.key, g.page.front(each)))  # type: ignore[union-attr]
         return out
 

@@ -178,13 +178,27 @@ class Queue(Dispatcher):
             g.last_use_ns = now_ns
             if may_page or g.page:
                 self._paging.add(g, message)
-                n = g.backlog()
-                if n >= DEEP and not n & (n - 1):
-                    self._deepen(g)
+                self._deepen_if_doubled(g)
                 return True
         self._keep(g, message)
         self._pump(now_ns, fx)
         return False
+
+    def restore_paged(self, msg_id: int, group: str, enqueued_ns: int) -> None:
+        """A stored message of `group` at start-up, by its id alone: paged, read back like
+        any paged message (`BrokerCore.restore_index`)."""
+        self.totals.enqueued += 1
+        g = self._groups.get(group)
+        if g is None:
+            g = self._groups[group] = Group(group)
+        g.last_use_ns = enqueued_ns
+        self._paging.add_id(g, msg_id)
+        self._deepen_if_doubled(g)
+
+    def _deepen_if_doubled(self, g: Group) -> None:
+        n = g.backlog()
+        if n >= DEEP and not n & (n - 1):
+            self._deepen(g)
 
     # ---- paging (broker/paging.py) ------------------------------------------------------
 
@@ -201,9 +215,9 @@ class Queue(Dispatcher):
     def wanted(self, most: int, each: int) -> list[tuple[str | None, list[int]]]:
         """Up to `most` groups to read back now, with the msg ids of up to `each` of their
         oldest paged messages: groups with paged messages and none in memory that could be
-        delivered (an owner with credit, or no owner) or are held (to be moved on); group
-        None: the ungrouped messages, when none waits in memory. Nothing while no consumer
-        has credit."""
+        delivered (an owner with credit, or no owner: only while some consumer has credit)
+        or are held (to be moved on, or kept); group None: the ungrouped messages, when none
+        waits in memory and some consumer has credit."""
         return self._paging.wanted(most, each, self._hungry, bool(self._ungrouped))
 
     def spill(self, writing: Container[int], wanted_bytes: int) -> list[Message]:

@@ -14,9 +14,18 @@ from pathlib import Path
 
 from broker import sqlite_file
 from broker.message import Message
-from broker.store_sql import SELECT_BY_IDS, SELECT_IDS, SELECT_MESSAGES, read_messages
+from broker.store_sql import (
+    SELECT_BY_IDS,
+    SELECT_IDS,
+    SELECT_INDEX,
+    SELECT_MESSAGES,
+    read_messages,
+)
 
 IDS_PER_SELECT = 500  # msg ids bound in one SELECT (SQLite allows 32766 variables)
+# A stored message by its index, without its body: msg_id, queue, group (None: ungrouped),
+# enqueued_ns (`BrokerCore.restore_index`).
+IndexRow = tuple[int, str, str | None, int]
 
 
 class StoreError(Exception):
@@ -49,6 +58,12 @@ class StoreReads:
         """
         with self._reader() as conn:
             yield from read_messages(conn.execute(SELECT_MESSAGES))
+
+    def index(self) -> Iterator[IndexRow] | None:
+        """Every stored message's index row, ordered as `messages`: the key index and a row's
+        small columns, no body or headers decoded."""
+        with self._reader() as conn:
+            yield from conn.execute(SELECT_INDEX)
 
     def read_ids(self, queue: str, wanted: Sequence[Sequence[int]]) -> list[list[Message]]:
         """Per list of msg ids: those stored messages of `queue`, oldest first (paged

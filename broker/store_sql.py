@@ -84,6 +84,7 @@ SELECT_MESSAGES = (
     "SELECT msg_id, queue, address, headers, delivery_count, grp, group_seq, enqueued_ns, body"
     " FROM messages ORDER BY msg_id, queue"
 )
+SELECT_INDEX = "SELECT msg_id, queue, grp, enqueued_ns FROM messages ORDER BY msg_id, queue"
 SELECT_BY_IDS = (  # + "(?, ?, ...)": the ids, then ORDER BY
     "SELECT msg_id, queue, address, headers, delivery_count, grp, group_seq, enqueued_ns, body"
     " FROM messages WHERE queue = ? AND msg_id IN "

@@ -66,3 +66,17 @@ def test_a_stuck_owner_spills_its_waiting_messages_in_front_of_its_page() -> Non
     q.ack("stuck", [1], 0, fx)
     assert (q.totals.enqueued, q.totals.acked) == (4, 1)
     assert q.wanted(10, 10) == [("a", [2, 3, 4])]  # oldest first, the spilled ones in front
+
+
+def test_a_held_group_is_read_back_with_no_consumer_to_be_moved_on() -> None:
+    q = Queue("q", "q", QueueConfig())
+    q.restore_paged(1, "a", 0)  # as a restart restores a stored group: paged
+    q.restore_paged(2, "b", 0)
+    assert (q.paged, q.wanted(10, 10)) == (2, [])  # nobody could take them
+    q.hold("a")  # its binding is not confirmed yet: it may have to move to another node
+    assert q.wanted(10, 10) == [("a", [1])]
+    fx = Effects()
+    assert q.unpage("a", [1], stored([1], "a"), 0, fx)
+    assert fx.deliveries == []
+    assert [m.msg_id for m in q.take_group("a", fx)] == [1]
+    assert (q.paged, q.depth) == (1, 1)
