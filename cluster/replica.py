@@ -24,7 +24,7 @@ import os
 import sqlite3
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -162,7 +162,8 @@ class Follower:
         applied: deque[tuple[int, asyncio.Future[None]]] = deque()
         woken = asyncio.Event()
         async with channels.dial(self.primary, CHANNEL_OPTIONS, self.tls) as channel:
-            call = pb_grpc.ClusterStub(channel).Replicate(self._reports(reports))
+            call = pb_grpc.ClusterStub(channel).Replicate()
+            reporting = asyncio.ensure_future(self._report(call, reports))
             confirming = asyncio.ensure_future(self._confirm(applied, woken, reports))
             try:
                 after = epoch = 0
@@ -193,14 +194,20 @@ class Follower:
                             self.on_synced(epoch)
             finally:
                 confirming.cancel()
+                reporting.cancel()
 
-    async def _reports(
-        self, reports: asyncio.Queue[pb.ReplicaReport]
-    ) -> AsyncIterator[pb.ReplicaReport]:
+    async def _report(
+        self, call: aio.StreamStreamCall, reports: asyncio.Queue[pb.ReplicaReport]
+    ) -> None:
+        """Our side of the stream, written by a task of ours that ends with it (a request
+        iterator left to gRPC outlived a broken stream and logged an error when collected)."""
         hello = pb.ReplicaHello(node_id=self.node_id, cluster_address=self.cluster_address)
-        yield pb.ReplicaReport(hello=hello)
-        while True:
-            yield await reports.get()
+        try:
+            await call.write(pb.ReplicaReport(hello=hello))
+            while True:
+                await call.write(await reports.get())
+        except (aio.AioRpcError, aio.UsageError, asyncio.InvalidStateError):
+            return  # the stream ended: the reading side says why
 
     # ---- the snapshot
 

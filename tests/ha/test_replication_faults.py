@@ -78,9 +78,9 @@ class Paced:
         paced = self
 
         class Stub:
-            def Replicate(self, reports: Any) -> _PacedCall:
+            def Replicate(self) -> _PacedCall:
                 paced.streams += 1
-                return _PacedCall(real.Replicate(reports), paced.flowing)
+                return _PacedCall(real.Replicate(), paced.flowing)
 
         return Stub()
 
@@ -89,6 +89,7 @@ class _PacedCall:
     def __init__(self, call: Any, flowing: asyncio.Event) -> None:
         self._frames = call.__aiter__()
         self._flowing = flowing
+        self.write = call.write  # the backup's reports go out unhindered
 
     def __aiter__(self) -> _PacedCall:
         return self

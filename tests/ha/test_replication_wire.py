@@ -205,9 +205,10 @@ async def test_a_backup_refuses_another_format_stops_following_and_says_so_once(
     def stub(channel: Any) -> Any:
         real = pb_grpc.ClusterStub(channel)
 
-        def replicate(reports: Any) -> Any:
-            streams.append(reports)
-            return real.Replicate(reports)
+        def replicate() -> Any:
+            call = real.Replicate()
+            streams.append(call)
+            return call
 
         return SimpleNamespace(Replicate=replicate)
 
