@@ -56,19 +56,30 @@ class Paging:
         self.wanting[g] = None
 
     def wanted(
-        self, most: int, each: int, hungry: Collection[Consumer], ungrouped_waiting: bool
+        self,
+        most: int,
+        each: int,
+        hungry: Collection[Consumer],
+        held: Iterable[Group],
+        ungrouped_waiting: bool,
     ) -> list[tuple[str | None, list[int]]]:
-        """See `Queue.wanted`; `hungry`: the consumers with credit; `ungrouped_waiting`:
-        ungrouped messages wait in memory."""
+        """See `Queue.wanted`; `hungry`: the consumers with credit; `held`: the held groups;
+        `ungrouped_waiting`: ungrouped messages wait in memory."""
         out: list[tuple[str | None, list[int]]] = []
-        if hungry and self.ungrouped and not ungrouped_waiting:
-            out.append((None, self.ungrouped.front(each)))
-        for g in self.wanting:
+        if not hungry:
+            # Nobody could take them, but a held group comes back to be moved on (or kept): a
+            # restart restores groups paged, and a cluster holds them until their bindings
+            # are known. Only the held ones are looked at: there are few, but for a moment.
+            wanting = self.wanting
+            groups: Iterable[Group] = (g for g in held if g in wanting)
+        else:
+            if self.ungrouped and not ungrouped_waiting:
+                out.append((None, self.ungrouped.front(each)))
+            groups = self.wanting
+        for g in groups:
             if len(out) >= most:
                 break
-            # A held group is read back to be moved on (or kept), consumers or not: a restart
-            # restores groups paged, and a cluster holds them until their bindings are known.
-            if g.state & HELD or (hungry and (g.owner is None or g.owner in hungry)):
+            if g.state & HELD or g.owner is None or g.owner in hungry:
                 out.append((g.key, g.page.front(each)))  # type: ignore[union-attr]
         return out
 

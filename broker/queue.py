@@ -218,7 +218,7 @@ class Queue(Dispatcher):
         delivered (an owner with credit, or no owner: only while some consumer has credit)
         or are held (to be moved on, or kept); group None: the ungrouped messages, when none
         waits in memory and some consumer has credit."""
-        return self._paging.wanted(most, each, self._hungry, bool(self._ungrouped))
+        return self._paging.wanted(most, each, self._hungry, self._held, bool(self._ungrouped))
 
     def spill(self, writing: Container[int], wanted_bytes: int) -> list[Message]:
         """Page again the newest waiting messages of groups that cannot move now (their owner
