@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import ValidationError
 
@@ -31,6 +31,7 @@ from broker.config import NodeConfig, QueueConfig
 from broker.core import BrokerCore, CoreError
 from broker.effects import Effects
 from broker.info import ConsumerInfo, GroupInfo, LaggingGroup, QueueCounts
+from broker.kept_index import KeptIndex
 from broker.pager import Pager
 from broker.queue_stats import QueueTotals
 from broker.room import Room
@@ -44,6 +45,9 @@ from broker.writes import Write, Writes
 TICK_S = 0.05
 SWEEP_S = 1.0  # how often idle auto-created queues are looked for
 AUTO_CREATED = "pinmq-auto-created"  # marks a stored queue definition as auto-created
+# How a start read the store back: its index kept by an ha backup while following, its
+# index scanned (SQLite), or every message whole (the journal).
+Restored = Literal["kept index", "store index", "whole messages"]
 log = logs.get("node")
 
 
@@ -127,6 +131,7 @@ class Engine:
         self._store: StoreBase | None = None
         self._writes: Writes | None = None
         self._pager: Pager | None = None
+        self.restored_from: Restored | None = None  # set by `open`
         self._outlets = Outlets(self._holds)
         self.room = Room(core, config, lambda: self._store)
         self._tasks: list[asyncio.Task[None]] = []
@@ -142,10 +147,11 @@ class Engine:
 
     # ---- lifecycle ------------------------------------------------------------------------
 
-    def open(self) -> tuple[int, int]:
+    def open(self, kept: KeptIndex | None = None) -> tuple[int, int]:
         """Start the audit log, open and replay the store; (messages, orphans) restored.
 
-        Raises StartupError naming the file and the reason.
+        `kept`: the store's index as an ha backup kept it while following, used instead of
+        a scan where it matches the store. Raises StartupError naming the file and the reason.
         """
         if self.audit is not None:  # audit log: started first, closed last
             try:
@@ -161,7 +167,7 @@ class Engine:
             for address, name, settings in store.load_queues():
                 auto = bool(settings.pop(AUTO_CREATED, False))
                 core.restore_queue(address, name, QueueConfig.model_validate(settings), auto)
-            restored, orphans = _restore(core, store)
+            restored, orphans, self.restored_from = _restore(core, store, kept)
             forget = core.restore_ids(store.load_ids())
         except (StoreError, OSError, ValidationError) as err:
             raise StartupError(f"cannot open store {self.store_path}: {err}") from None
@@ -420,15 +426,29 @@ def _log(fx: Effects) -> None:
             log.info("queue read its page back: all its messages are in memory", queue=queue)
 
 
-def _restore(core: BrokerCore, store: StoreBase) -> tuple[int, int]:
+def _restore(
+    core: BrokerCore, store: StoreBase, kept: KeptIndex | None
+) -> tuple[int, int, Restored]:
     """The store's messages into the core: by their index where the store reads one (grouped
-    messages stay paged until they can be delivered), else whole; (restored, orphans)."""
+    messages stay paged until they can be delivered), the `kept` one if it holds as many
+    messages as the store, else whole; (restored, orphans, which way)."""
     next_id = store.max_msg_id() + 1
     index = store.index()
+    how: Restored = "store index"
+    if index is not None and kept is not None:
+        stored = store.message_count()
+        if len(kept) == stored:
+            index, how = kept.rows(), "kept index"
+        else:  # a fault on the backup's side: the store is the truth
+            log.warning(
+                "the index kept while following does not match the store: scanning the store",
+                kept=len(kept),
+                stored=stored,
+            )
     if index is None:
-        return core.restore_messages(store.messages(), next_id)
+        return (*core.restore_messages(store.messages(), next_id), "whole messages")
     restored, orphans, ungrouped = core.restore_index(index, next_id)
     for queue, msg_ids in ungrouped.items():
         [messages] = store.read_ids(queue, [msg_ids])
         restored += core.restore_messages(messages, next_id)[0]
-    return restored, orphans
+    return restored, orphans, how

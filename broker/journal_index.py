@@ -214,6 +214,9 @@ class JournalIndex:
             (address, name, json.loads(settings)) for name, (_, address, settings, _, _) in rows
         ]
 
+    def message_count(self) -> int:
+        return len(self._messages)
+
     def load_marks(self) -> dict[str, int]:
         return {origin: seq for origin, (seq, _, _) in self._marks.items()}
 

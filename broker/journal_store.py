@@ -63,6 +63,9 @@ class JournalStore(StoreBase[Journal]):
     def messages(self) -> Iterator[Message]:
         return self._journal.messages()
 
+    def message_count(self) -> int:
+        return self._journal.message_count()
+
     def load_queues(self) -> list[tuple[str, str, dict[str, Any]]]:
         return self._journal.load_queues()
 

@@ -114,6 +114,10 @@ class StoreBase(ABC, Generic[Handle]):
         return None
 
     @abstractmethod
+    def message_count(self) -> int:
+        """Messages stored (each queue's copy counts)."""
+
+    @abstractmethod
     def load_queues(self) -> list[tuple[str, str, dict[str, Any]]]:
         """(address, queue, settings) of every saved queue, in creation order."""
 

@@ -65,6 +65,10 @@ class StoreReads:
         with self._reader() as conn:
             yield from conn.execute(SELECT_INDEX)
 
+    def message_count(self) -> int:
+        with self._reader() as conn:
+            return int(conn.execute("SELECT count(*) FROM messages").fetchone()[0])
+
     def read_ids(self, queue: str, wanted: Sequence[Sequence[int]]) -> list[list[Message]]:
         """Per list of msg ids: those stored messages of `queue`, oldest first (paged
         messages read back as room frees; any thread, one connection for the lot)."""

@@ -32,6 +32,7 @@ import structlog
 from grpc import aio
 
 from broker import channels, sqlite_file
+from broker.kept_index import KeptIndex
 from broker.store import Store, StoreError
 from broker.store_files import STORE_FILE
 from broker.tls import TlsFiles
@@ -89,6 +90,10 @@ class Follower:
         self.primary_id: str | None = None
         self.durable = 0  # highest sequence of the primary's writes on our disk
         self._stores: dict[str, Store | BindingStore] = {}
+        # The index of the messages on our disk (broker/kept_index.py), kept as they come: a
+        # takeover pages from it. None while it may not match the files (a store failed).
+        self.index: KeptIndex | None = None
+        self._incoming: KeptIndex | None = None  # the index of the snapshot being received
         self._bulk: dict[str, sqlite3.Connection] = {}
         self._outage = Outage()  # a primary that is not active (yet) refuses every retry
         self._broken_at: float | None = None  # the stream broke off then, none installed since
@@ -107,6 +112,8 @@ class Follower:
                 await self._follow()
             except (aio.AioRpcError, OSError, sqlite3.Error, StoreError, BindingStoreError) as err:
                 raise_if_cancelled()
+                if not isinstance(err, aio.AioRpcError):  # what our files hold is not sure
+                    self.index = None
                 self._broke_off(err.details() if isinstance(err, aio.AioRpcError) else str(err))
             self.state = "connecting"
             if self.on_broken is not None:
@@ -224,10 +231,13 @@ class Follower:
             conn = sqlite3.connect(tmp, check_same_thread=False)
             conn.execute("BEGIN")
             self._bulk[name] = conn
+        self._incoming = KeptIndex()
 
     async def _rows(self, rows: pb.SnapshotRows) -> None:
         chunk = wire.decode_chunk(rows)
         conn = self._bulk[chunk.file]
+        if chunk.file == "store" and chunk.table == "messages" and self._incoming is not None:
+            self._incoming.add_rows(chunk.columns, chunk.rows)
         if chunk.rows:
             names = ", ".join(map(_quoted, chunk.columns))
             marks = ", ".join("?" * len(chunk.columns))
@@ -237,11 +247,14 @@ class Follower:
     async def _install(self) -> None:
         """Commit the snapshot files, then swap each in for its real file and open it."""
         bulk, self._bulk = self._bulk, {}
+        incoming, self._incoming = self._incoming, None
+        self.index = None  # the files change from here on
         await asyncio.to_thread(_swap_in, bulk, self.paths)
         self._stores = {
             "store": Store.open(self.paths["store"]),
             "bindings": BindingStore.open(self.paths["bindings"]),
         }
+        self.index = incoming
 
     # ---- the stream of writes
 
@@ -249,8 +262,11 @@ class Follower:
         self, ops: Sequence[pb.ReplicatedOp], applied: deque[tuple[int, asyncio.Future[None]]]
     ) -> None:
         records = [(op.seq, op.file, wire.decode(op.payload)) for op in ops]  # all, or none
+        index = self.index
         for seq, file, record in records:
             applied.append((seq, self._stores[file].apply(record)))
+            if index is not None and file == "store":
+                index.apply(record)
 
     async def _confirm(
         self,

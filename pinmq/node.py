@@ -25,6 +25,7 @@ from broker.authenticator import Authenticator
 from broker.config import NodeConfig
 from broker.core import CoreError
 from broker.engine import Engine, StartupError
+from broker.kept_index import KeptIndex
 from broker.readiness import Readiness, assess
 from broker.refusals import Refusals
 from broker.sending import LocalSendPath, SendPath
@@ -114,14 +115,15 @@ class Node:
 
     # ---- lifecycle ------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Open and replay the store, then serve; raises StartupError naming the culprit."""
+    async def start(self, kept: KeptIndex | None = None) -> None:
+        """Open and replay the store (`kept`: its index, as an ha backup kept it), then serve;
+        raises StartupError naming the culprit."""
         engine = self.engine
         try:
             self.authenticator = Authenticator.of(self.config.security, engine.audit)
         except UsersFileError as err:
             raise StartupError(str(err)) from None
-        messages, orphans = engine.open()
+        messages, orphans = engine.open(kept)
         try:
             if self.config.cluster is not None:
                 self._build_cluster()
@@ -171,6 +173,7 @@ class Node:
             queues=len(engine.queues()),
             messages=messages,
             orphans=orphans,
+            restored_from=engine.restored_from,
         )
 
     async def stop(self, grace_s: float = 5.0) -> None:

@@ -23,6 +23,7 @@ from broker import channels, logs
 from broker.authenticator import Authenticator
 from broker.config import NodeConfig
 from broker.engine import StartupError
+from broker.kept_index import KeptIndex
 from broker.readiness import Readiness
 from broker.users import UsersFileError
 from cluster.connector import SERVER_OPTIONS
@@ -125,13 +126,13 @@ class PairProcess:
     async def _go_active(self) -> None:
         logical = self.shell.logical
         assert logical is not None
-        await self._stop_following()
+        kept = await self._stop_following()
         await self._stop_passive()
         node_section = self.config.node.model_copy(update={"id": logical})
         config = self.config.model_copy(update={"node": node_section})
         node = Node(config, pair=self.shell)
         try:
-            await node.start()
+            await node.start(kept)
         except StartupError as err:
             log.error("cannot serve as the active process: trying again", error=str(err))
             await self._serve_passively()
@@ -203,16 +204,19 @@ class PairProcess:
         )
         self._following = asyncio.create_task(self.follower.run(), name="follow-active")
 
-    async def _stop_following(self) -> None:
+    async def _stop_following(self) -> KeptIndex | None:
+        """Stop following; the index of the store as the follower kept it, if it has one."""
         task, self._following = self._following, None
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if self.follower is not None:
-            await self.follower.close()
-            self.follower = None
-            self.shell.replica_broke()
+        follower, self.follower = self.follower, None
+        if follower is None:
+            return None
+        await follower.close()  # every write it took is on disk, as in the index
+        self.shell.replica_broke()
+        return follower.index
 
     # ---- health
 

@@ -9,14 +9,17 @@ it was sent, with its delivery count. A real engine on a real data directory.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from broker.clock import now_ns
 from broker.config import NodeConfig, QueueConfig
 from broker.effects import Delivery
 from broker.engine import Engine
+from broker.kept_index import KeptIndex
 from broker.message import GROUP_ID_HEADER, Outgoing
 from broker.sending import LocalSendPath
 from broker.streams import ConsumerStream
@@ -99,3 +102,49 @@ async def test_a_restart_brings_back_every_message_once_in_group_order_with_its_
         assert engine.queue("q").counts().paged == 0
     finally:
         await engine.close()
+
+
+async def test_a_kept_index_is_used_where_it_matches_the_store_and_else_the_store_is_scanned(
+    tmp_path: Path,
+) -> None:
+    """An ha backup hands the index it kept while following to its start (`Engine.open`); one
+    that does not hold what the store holds is not trusted: the store is scanned, with a
+    warning."""
+    config = NodeConfig.model_validate(
+        {"node": {"id": "n1", "data-dir": str(tmp_path)}, "store": {"format": "sqlite"}}
+    )
+    sent = _messages()
+    engine = Engine(config)
+    engine.open()
+    try:
+        await engine.create_queue("q", "q", QueueConfig())
+        with engine.unit() as unit:
+            LocalSendPath().send_now(sent, unit, now_ns())
+        assert unit.write is not None
+        await unit.write
+    finally:
+        await engine.close()
+    with sqlite3.connect(tmp_path / "store.db") as conn:
+        cursor = conn.execute("SELECT * FROM messages")
+        columns, table = [c[0] for c in cursor.description], cursor.fetchall()
+
+    for rows, way in ((table, "kept index"), (table[1:], "store index")):
+        kept = KeptIndex()
+        kept.add_rows(columns, rows)
+        engine = Engine(config)
+        with capture_logs() as logged:
+            assert engine.open(kept) == (len(sent), 0)
+        engine.start()
+        try:
+            assert engine.restored_from == way
+            warned = [e for e in logged if e["log_level"] == "warning"]
+            assert len(warned) == (way == "store index"), logged
+            with engine.unit() as unit:
+                stream = unit.subscribe("q", "c", "after", 1000)
+            got = [d.message.body for d in await _receive(stream, len(sent))]
+            assert sorted(got) == sorted(m.body for m in sent)
+            for g in range(GROUPS):
+                mine = [b for b in got if b.startswith(f"g{g}-".encode())]
+                assert mine == [f"g{g}-{i}".encode() for i in range(PER_GROUP)]
+        finally:
+            await engine.close()

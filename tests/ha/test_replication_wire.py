@@ -21,9 +21,10 @@ from replication_pair import EPOCH, QUEUE, WAIT_S, Backup, Gate, contents, in_sy
 from structlog.testing import capture_logs
 from waiting import until
 
-from broker import store_writes
+from broker import sqlite_file, store_writes
 from broker.message import Message
 from broker.store_files import STORE_FILE
+from broker.store_sql import SELECT_INDEX
 from broker.store_writes import MessageWrite, QueueDeleted, QueueSaved
 from cluster import replica, replication
 from cluster import replication_wire as wire
@@ -177,6 +178,16 @@ async def test_a_backup_holds_what_the_primary_holds_after_every_kind_of_write(
         assert held == contents(p.data_dir)
         assert held[f"{STORE_FILE}:marks"] == [("node2", 7), ("node3", 2)]
         assert len(held[f"{STORE_FILE}:messages"]) == 4  # 1, 3 and the two copies of 10
+        # The index the backup kept, from the snapshot and every write since, is the one a
+        # takeover would scan from its store.
+        assert b.follower.index is not None
+        conn = sqlite_file.read_only(tmp_path / "backup" / STORE_FILE)
+        try:
+            scanned = conn.execute(SELECT_INDEX).fetchall()
+        finally:
+            conn.close()
+        assert sorted(b.follower.index.rows()) == scanned
+        assert [row[0] for row in scanned] == [1, 3, 10, 10]
 
 
 class _Newer:
