@@ -74,11 +74,13 @@ class Pager:
                     break
             tail = self._unwritten.get(q.page_last)
             if tail is not None:  # writes commit in order: then every paged one is on disk
-                try:
-                    await tail
-                except Exception:
+                if not tail.done():
+                    await asyncio.wait([tail])
+                    continue
+                # Done, its callbacks (one drops it from `unwritten`) not run yet: awaiting it
+                # would not yield, and this loop would spin without ever letting them run.
+                if tail.cancelled() or tail.exception() is not None:
                     return -1
-                continue
             ids = [msg_ids for _, msg_ids in wanted]
             pages = await asyncio.to_thread(self._store.read_ids, name, ids)
             read = [m for page in pages for m in page]
