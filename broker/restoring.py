@@ -48,11 +48,11 @@ class Restoring:
     def restore_index(
         self, rows: Iterable[IndexRow], next_msg_id: int
     ) -> tuple[int, int, dict[str, list[int]]]:
-        """Reload stored messages by their index rows (in msg_id order): grouped ones paged,
-        each in the group it was stored under. Returns how many were restored, how many had
-        no queue any more, and the msg ids of the ungrouped ones per queue: the caller reads
-        and restores those with `restore_messages`, since only messages in memory are
-        redistributed to other nodes."""
+        """Reload stored messages by their index rows (each queue's in msg_id order): grouped
+        ones paged, each in the group it was stored under. Returns how many were restored,
+        how many had no queue any more, and the msg ids of the ungrouped ones per queue: the
+        caller reads and restores those with `restore_messages`, since only messages in
+        memory are redistributed to other nodes."""
         restored = orphans = 0
         top = next_msg_id
         ungrouped: dict[str, list[int]] = {}
