@@ -36,6 +36,15 @@ def _messages() -> list[Outgoing]:
     return grouped + [Outgoing("q", f"u-{i}".encode(), {}, True) for i in range(UNGROUPED)]
 
 
+async def _store(engine: Engine, sent: list[Outgoing]) -> None:
+    """Queue q, and `sent` routed to it, stored."""
+    await engine.create_queue("q", "q", QueueConfig())
+    with engine.unit() as unit:
+        LocalSendPath().send_now(sent, unit, now_ns())
+    assert unit.write is not None
+    await unit.write
+
+
 async def _receive(stream: ConsumerStream, n: int) -> list[Delivery]:
     out: list[Delivery] = []
     while len(out) < n:
@@ -62,11 +71,7 @@ async def test_a_restart_brings_back_every_message_once_in_group_order_with_its_
     engine.open()
     engine.start()
     try:
-        await engine.create_queue("q", "q", QueueConfig())
-        with engine.unit() as unit:
-            LocalSendPath().send_now(sent, unit, now_ns())
-        assert unit.write is not None
-        await unit.write
+        await _store(engine, sent)
         with engine.unit() as unit:
             stream = unit.subscribe("q", "c1", "before", 3)
         acked, released, out = await _receive(stream, 3)
@@ -117,11 +122,7 @@ async def test_a_kept_index_is_used_where_it_matches_the_store_and_else_the_stor
     engine = Engine(config)
     engine.open()
     try:
-        await engine.create_queue("q", "q", QueueConfig())
-        with engine.unit() as unit:
-            LocalSendPath().send_now(sent, unit, now_ns())
-        assert unit.write is not None
-        await unit.write
+        await _store(engine, sent)
     finally:
         await engine.close()
     with sqlite3.connect(tmp_path / "store.db") as conn:
