@@ -42,7 +42,6 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -50,6 +49,7 @@ from typing import Any
 
 import yaml
 from harness.gap import gap_drill
+from harness.ha_logs import data_size, replication_log, takeover_steps
 from harness.nodes import NodeProc, node_queues, wait_serving
 from harness.procs import reserve_port, run_main, stop, tail
 from harness.stats import pct
@@ -305,29 +305,6 @@ async def _fill(url: str, pending: int) -> int:
     return sent
 
 
-def _data_size(node: NodeProc) -> str:
-    """store.db and its WAL on disk, MiB."""
-    data = node.home / "data"
-    db, wal = (data / n for n in ("store.db", "store.db-wal"))
-    mib = [p.stat().st_size / 2**20 if p.exists() else 0.0 for p in (db, wal)]
-    return f"store.db {mib[0]:.0f} MiB + WAL {mib[1]:.0f} MiB"
-
-
-def _replication_log(primary: NodeProc, backup: NodeProc) -> Counter[str]:
-    """What the two logs say of replication so far, counted: the snapshots the primary began,
-    and every reason the backup was dropped or its stream broke off."""
-    found: Counter[str] = Counter()
-    for node in (primary, backup):
-        for line in node.log_path.read_text(errors="replace").splitlines():
-            if "sending a snapshot" in line:
-                found["snapshots begun"] += 1
-            elif "backup lost" in line or "replication from the primary broke off" in line:
-                entry = json.loads(line)
-                why = entry.get("reason") or entry.get("error")
-                found[f"{node.node_id}: {entry['event']}: {why}"] += 1
-    return found
-
-
 async def _until_synced(primary: NodeProc, backup: NodeProc, limit_s: float) -> dict[str, float]:
     """Poll both processes' /readyz from the backup's launch; monotonic times of each step:
     snapshot installed ("following"), the primary's backup_in_sync, the backup's in_sync (a
@@ -355,7 +332,7 @@ async def _until_synced(primary: NodeProc, backup: NodeProc, limit_s: float) -> 
                 seen.setdefault(key, now)
         if now > report_at:
             report_at = now + PROGRESS_S
-            attempts = _replication_log(primary, backup)["snapshots begun"]
+            attempts = replication_log(primary, backup)["snapshots begun"]
             print(
                 f"catch-up {now - started:.0f} s: backup {theirs.get('replication')}, "
                 f"{ours.get('backup_behind')} writes behind, snapshot attempts {attempts}",
@@ -393,7 +370,7 @@ async def _catchup(
         fill_started = time.perf_counter()
         sent = await _fill(primary.url, pending)
         fill_rate = sent / (time.perf_counter() - fill_started)
-        filled_size = _data_size(primary)
+        filled_size = data_size(primary)
         flow = _Flow(interval_s)
         flowing = asyncio.create_task(flow.run(primary.url))
         try:
@@ -408,12 +385,14 @@ async def _catchup(
             flow.done.set()
             await flowing
         ended = seen.get("primary", time.monotonic())
-        synced_size = _data_size(primary)
-        replication = _replication_log(primary, backup)
-        depth, answered_s = -1, 0.0
+        synced_size = data_size(primary)
+        replication = replication_log(primary, backup)
+        depth, answered_s, takeover = -1, 0.0, []
         if in_sync := {"primary", "backup"} <= seen.keys():
+            killed_at = time.time()
             primary.proc.send_signal(signal.SIGKILL)
             depth, answered_s = await _depth_after_kill(backup, QUEUE)
+            takeover = takeover_steps(backup, killed_at)
     print(
         f"catch-up of a fresh backup: {sent} pending persistent messages of 100 bytes "
         f"(8 groups) on node1, filled alone at {fill_rate:.0f} msg/s; then a steady load "
@@ -438,6 +417,8 @@ async def _catchup(
         f"  kill -9 of node1 after sync: the backup answered in {answered_s:.1f} s, "
         f"{QUEUE} holds {depth} of {sent}: {verdict}"
     )
+    for step, at in takeover:
+        print(f"    kill -> the backup's log: {step}: {at:.2f} s")
     return ok
 
 

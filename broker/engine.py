@@ -433,18 +433,19 @@ def _restore(
     messages stay paged until they can be delivered), the `kept` one if it holds as many
     messages as the store, else whole; (restored, orphans, which way)."""
     next_id = store.max_msg_id() + 1
-    index = store.index()
-    how: Restored = "store index"
-    if index is not None and kept is not None:
+    index, how = None, "store index"
+    if kept is not None:  # an ha backup's: its store is SQLite (`_ha_replicates_sqlite`)
         stored = store.message_count()
         if len(kept) == stored:
-            index, how = kept.rows(), "kept index"
+            index, how = kept.runs(), "kept index"
         else:  # a fault on the backup's side: the store is the truth
             log.warning(
                 "the index kept while following does not match the store: scanning the store",
                 kept=len(kept),
                 stored=stored,
             )
+    if index is None:
+        index = store.index()
     if index is None:
         return (*core.restore_messages(store.messages(), next_id), "whole messages")
     restored, orphans, ungrouped = core.restore_index(index, next_id)

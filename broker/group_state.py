@@ -90,6 +90,9 @@ class Page:
     def append(self, msg_id: int) -> None:
         self.ids.append(msg_id)
 
+    def extend(self, msg_ids: array) -> None:
+        self.ids.extend(msg_ids)
+
     def front(self, n: int) -> list[int]:
         return self.ids[self.pos : self.pos + n].tolist()
 

@@ -14,6 +14,7 @@ them and puts them in memory.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Collection, Container, Iterable, Sequence
 
 from broker.group_state import HELD, Consumer, Group, Page, by_key
@@ -48,6 +49,16 @@ class Paging:
         if g.page is None:
             g.page = Page()
         g.page.append(msg_id)
+        if g.pending is None:
+            self.wanting[g] = None
+
+    def add_ids(self, g: Group, msg_ids: array) -> None:
+        """`add_id` of a run of stored messages of `g` at start-up (ascending)."""
+        self.count += len(msg_ids)
+        self.last = max(self.last, msg_ids[-1])
+        if g.page is None:
+            g.page = Page()
+        g.page.extend(msg_ids)
         if g.pending is None:
             self.wanting[g] = None
 

@@ -21,6 +21,7 @@ Invariants kept after every operation (checked by the stateful tests):
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_left
 from collections.abc import Container, Sequence
 from itertools import chain
@@ -178,26 +179,23 @@ class Queue(Dispatcher):
             g.last_use_ns = now_ns
             if may_page or g.page:
                 self._paging.add(g, message)
-                self._deepen_if_doubled(g)
+                n = g.backlog()
+                if n >= DEEP and not n & (n - 1):  # doubled: a candidate for the lagging
+                    self._deepen(g)
                 return True
         self._keep(g, message)
         self._pump(now_ns, fx)
         return False
 
-    def restore_paged(self, msg_id: int, group: str, enqueued_ns: int) -> None:
-        """A stored message of `group` at start-up, by its id alone: paged, read back like
-        any paged message (`BrokerCore.restore_index`)."""
-        self.totals.enqueued += 1
+    def restore_paged(self, group: str, msg_ids: array, enqueued_ns: int) -> None:
+        """Stored messages of `group` at start-up, by their ids (ascending): paged."""
+        self.totals.enqueued += len(msg_ids)
         g = self._groups.get(group)
         if g is None:
             g = self._groups[group] = Group(group)
         g.last_use_ns = enqueued_ns
-        self._paging.add_id(g, msg_id)
-        self._deepen_if_doubled(g)
-
-    def _deepen_if_doubled(self, g: Group) -> None:
-        n = g.backlog()
-        if n >= DEEP and not n & (n - 1):
+        self._paging.add_ids(g, msg_ids)
+        if g.backlog() >= DEEP:
             self._deepen(g)
 
     # ---- paging (broker/paging.py) ------------------------------------------------------

@@ -1,10 +1,11 @@
 """Start-up: a node's stored messages back into its queues (mixed into `BrokerCore`).
 
 Two ways in. `restore_messages` places whole messages, as read from any store. `restore_index`
-takes only each message's key and group (what SQLite reads without touching a body): a grouped
-message stays paged and is read back like any paged message (`broker/pager.py`) once it can
-be delivered, so opening a store of a million messages, or an ha backup taking over one,
-costs a scan of its index rather than a read of every body.
+takes only their keys, a run per group (what SQLite reads without touching a body, or what an
+ha backup kept while following): a grouped message stays paged and is read back like any
+paged message (`broker/pager.py`) once it can be delivered, so opening a store of a million
+messages costs a scan of its index rather than a read of every body, and a takeover from a
+kept index a step per group.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from broker.addresses import Address
 from broker.effects import Effects
 from broker.message import Message
 from broker.queue import Queue
-from broker.store_reads import IndexRow
+from broker.store_reads import IndexRun
 
 
 class Restoring:
@@ -46,28 +47,27 @@ class Restoring:
         return restored, orphans
 
     def restore_index(
-        self, rows: Iterable[IndexRow], next_msg_id: int
+        self, runs: Iterable[IndexRun], next_msg_id: int
     ) -> tuple[int, int, dict[str, list[int]]]:
-        """Reload stored messages by their index rows (each queue's in msg_id order): grouped
-        ones paged, each in the group it was stored under. Returns how many were restored,
-        how many had no queue any more, and the msg ids of the ungrouped ones per queue: the
-        caller reads and restores those with `restore_messages`, since only messages in
-        memory are redistributed to other nodes."""
+        """Reload stored messages by their index, a run per group: grouped ones paged, each
+        in the group it was stored under. Returns how many were restored, how many had no
+        queue any more, and the msg ids of the ungrouped ones per queue: the caller reads and
+        restores those with `restore_messages`, since only messages in memory are
+        redistributed to other nodes."""
         restored = orphans = 0
         top = next_msg_id
         ungrouped: dict[str, list[int]] = {}
         queues, addresses = self._queues, self._addresses
-        for msg_id, name, group, enqueued_ns in rows:
-            if msg_id >= top:
-                top = msg_id + 1
+        for name, group, msg_ids, enqueued_ns in runs:
+            top = max(top, msg_ids[-1] + 1)
             q = queues.get(name)
             if q is None:
-                orphans += 1
+                orphans += len(msg_ids)
             elif group is None:
-                ungrouped.setdefault(name, []).append(msg_id)
+                ungrouped[name] = msg_ids.tolist()
             else:
-                restored += 1
-                q.restore_paged(msg_id, group, enqueued_ns)
+                restored += len(msg_ids)
+                q.restore_paged(group, msg_ids, enqueued_ns)
                 addresses[q.address].pin(group, name)
         self.paging.update(name for name, q in queues.items() if q.paged)
         self._next_id = max(self._next_id, top)

@@ -38,7 +38,7 @@ from broker import sqlite_file
 from broker.histogram import Histogram
 from broker.message import Message
 from broker.sqlite_file import Request, Requests
-from broker.store_reads import IndexRow, StoreClosed, StoreError
+from broker.store_reads import IndexRun, StoreClosed, StoreError
 from broker.store_writes import MessageWrite, QueueDeleted, QueueSaved, StoreWrite, dumps, stored
 
 log = structlog.get_logger(__name__)
@@ -108,9 +108,9 @@ class StoreBase(ABC, Generic[Handle]):
         Multicast copies (same msg_id) share one body and headers object, as `copy_for` does.
         """
 
-    def index(self) -> Iterator[IndexRow] | None:
-        """Every stored message's index row (`store_reads.IndexRow`), ordered as `messages`,
-        if this store reads them without the bodies; None if it cannot (then `messages`)."""
+    def index(self) -> list[IndexRun] | None:
+        """Every stored message by its index, a run per group (`store_reads.IndexRun`), if
+        this store reads them without the bodies; None if it cannot (then `messages`)."""
         return None
 
     @abstractmethod

@@ -9,8 +9,10 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
-from collections.abc import Iterator, Sequence
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from broker import sqlite_file
 from broker.message import Message
@@ -24,8 +26,32 @@ from broker.store_sql import (
 
 IDS_PER_SELECT = 500  # msg ids bound in one SELECT (SQLite allows 32766 variables)
 # A stored message by its index, without its body: msg_id, queue, group (None: ungrouped),
-# enqueued_ns (`BrokerCore.restore_index`).
+# enqueued_ns.
 IndexRow = tuple[int, str, str | None, int]
+
+
+class IndexRun(NamedTuple):
+    """The stored messages of one group of one queue by their index (`restore_index`): a
+    start places each group's run in one step, not a million messages one by one."""
+
+    queue: str
+    group: str | None  # None: the queue's ungrouped messages
+    msg_ids: array  # ascending ("q": 8 bytes each)
+    enqueued_ns: int  # of the newest
+
+
+def runs_of(rows: Iterable[IndexRow]) -> list[IndexRun]:
+    """Rows (each queue's in msg id order) as runs, in the order of their first message."""
+    ids: dict[tuple[str, str | None], array] = {}
+    newest: dict[tuple[str, str | None], int] = {}
+    for msg_id, queue, group, enqueued_ns in rows:
+        key = (queue, group)
+        run = ids.get(key)
+        if run is None:
+            run = ids[key] = array("q")
+        run.append(msg_id)
+        newest[key] = enqueued_ns
+    return [IndexRun(q, g, run, newest[q, g]) for (q, g), run in ids.items()]
 
 
 class StoreError(Exception):
@@ -59,11 +85,11 @@ class StoreReads:
         with self._reader() as conn:
             yield from read_messages(conn.execute(SELECT_MESSAGES))
 
-    def index(self) -> Iterator[IndexRow] | None:
-        """Every stored message's index row, ordered as `messages`: the key index and a row's
+    def index(self) -> list[IndexRun] | None:
+        """Every stored message by its index, a run per group: the key index and a row's
         small columns, no body or headers decoded."""
         with self._reader() as conn:
-            yield from conn.execute(SELECT_INDEX)
+            return runs_of(conn.execute(SELECT_INDEX))
 
     def message_count(self) -> int:
         with self._reader() as conn:

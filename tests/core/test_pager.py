@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from array import array
 from pathlib import Path
 
 from broker.config import NodeConfig, QueueConfig
@@ -14,6 +15,7 @@ from broker.effects import Effects
 from broker.message import GROUP_ID_HEADER, Message
 from broker.pager import Pager
 from broker.store import Store
+from broker.store_reads import IndexRun
 
 
 def test_a_done_write_not_yet_dropped_from_the_unwritten_ones_does_not_stall_the_pager(
@@ -41,7 +43,7 @@ async def _scenario(tmp_path: Path, result: list[list[int]]) -> None:
             for i in (1, 2)
         ]
         await store.write(stored)
-        core.restore_index([(1, "q", "a", 0), (2, "q", "a", 0)], 3)
+        core.restore_index([IndexRun("q", "a", array("q", [1, 2]), 0)], 3)
         core.subscribe("q", "c", "c", 10, 0)  # a consumer with credit: group a is wanted
         # The write of the newest paged message completed; its done callbacks are queued
         # but have not run, so it is still among the unwritten ones.

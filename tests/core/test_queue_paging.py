@@ -3,6 +3,8 @@ its owner cannot take more, so memory goes to the groups that can move."""
 
 from __future__ import annotations
 
+from array import array
+
 from broker.config import QueueConfig
 from broker.effects import Effects
 from broker.message import GROUP_ID_HEADER, Message
@@ -70,8 +72,8 @@ def test_a_stuck_owner_spills_its_waiting_messages_in_front_of_its_page() -> Non
 
 def test_a_held_group_is_read_back_with_no_consumer_to_be_moved_on() -> None:
     q = Queue("q", "q", QueueConfig())
-    q.restore_paged(1, "a", 0)  # as a restart restores a stored group: paged
-    q.restore_paged(2, "b", 0)
+    q.restore_paged("a", array("q", [1]), 0)  # as a restart restores a stored group: paged
+    q.restore_paged("b", array("q", [2]), 0)
     assert (q.paged, q.wanted(10, 10)) == (2, [])  # nobody could take them
     q.hold("a")  # its binding is not confirmed yet: it may have to move to another node
     assert q.wanted(10, 10) == [("a", [1])]
