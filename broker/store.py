@@ -30,7 +30,8 @@ Bounded disk
     new inserts reuse, so steady churn does not grow the file. After `COMPACT_AFTER_DELETES`
     deleted rows, whenever the request queue is idle, the writer returns free pages to the
     OS in steps of `VACUUM_STEP_PAGES` (yielding to new writes between steps) and then runs
-    `wal_checkpoint(TRUNCATE)`. `journal_size_limit` caps what an idle WAL keeps on disk.
+    `wal_checkpoint(TRUNCATE)`, without waiting for readers (a snapshot's read is long).
+    `journal_size_limit` caps what an idle WAL keeps on disk.
 
 Refusing bad files
     `open()` never starts empty over something it cannot read: a file that is not SQLite, a
@@ -216,7 +217,7 @@ class Store(StoreReads, StoreBase[sqlite3.Connection]):
                     break
             else:
                 return
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            _truncate_wal_without_waiting(conn)
         except sqlite3.Error as exc:
             if conn.in_transaction:
                 with contextlib.suppress(sqlite3.Error):
@@ -243,3 +244,15 @@ class Store(StoreReads, StoreBase[sqlite3.Connection]):
             except sqlite3.Error as exc:
                 error = StoreError(f"{self.path}: close failed: {exc}")
         return error
+
+
+def _truncate_wal_without_waiting(conn: sqlite3.Connection) -> None:
+    """Checkpoint the WAL and truncate it, as far as readers allow now: a TRUNCATE checkpoint
+    waits up to the busy timeout for every reader to finish, and a backup's snapshot holds a
+    read as long as it streams (a minute at a million messages), so every commit would wait
+    behind it. Without the wait it checkpoints what it can, and the next compaction goes on."""
+    conn.execute("PRAGMA busy_timeout = 0")
+    try:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    finally:
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")

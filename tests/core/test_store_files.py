@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from store_harness import KIB, by_key, let_tasks_run, msg, naming, writer_blocked
 
+from broker import store as store_module
 from broker.journal_store import JournalStore
 from broker.store import COMPACT_AFTER_DELETES, Store, StoreError
 
@@ -102,6 +103,33 @@ async def test_compaction_returns_space_after_a_backlog_drains(store: Store) -> 
         await asyncio.sleep(0.01)
     await store.write(added=[msg(10**6)])
     assert [m.msg_id for m in store.load_messages()] == [10**6]
+
+
+async def test_a_compaction_does_not_wait_for_a_snapshot_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backup's snapshot holds a read for as long as it streams (a minute at a million
+    messages); a compaction's WAL truncation waiting for it held every commit behind it for
+    the busy timeout (5 s). Made an hour here, so that a wait cannot pass the test."""
+    monkeypatch.setattr(store_module, "BUSY_TIMEOUT_MS", 3_600_000)
+    s = Store.open(tmp_path / "store.db")
+    try:
+        batch = [msg(i) for i in range(COMPACT_AFTER_DELETES)]
+        await s.write(added=batch)
+        pinned, pinning = s.snapshot()
+        await pinning
+        await s.write(removed=batch)  # the writer, idle after it, compacts
+        deadline = time.monotonic() + 60  # liveness only
+        while s.compactions == 0:
+            assert time.monotonic() < deadline, "the compaction waits for the read"
+            await asyncio.sleep(0.01)
+        await s.write(added=[msg(10**6)])
+        assert pinned.conn is not None  # the read still sees the store as it was pinned
+        assert sum(len(rows) for rows in pinned.rows("messages", 1000)) == len(batch)
+        pinned.close()
+        assert [m.msg_id for m in s.load_messages()] == [10**6]
+    finally:
+        await s.close()
 
 
 async def test_close_compacts(tmp_path: Path) -> None:
@@ -200,6 +228,7 @@ CRASH_CHILD = r"""
 import asyncio, sys
 from pathlib import Path
 from broker.message import Message
+from broker import store as store_module
 from broker.journal_store import JournalStore
 from broker.store import Store
 
