@@ -5,10 +5,11 @@ to `Replicator` through their `tap`, in the order they apply it; it crosses the 
 stream's own format (`cluster/replication_wire.py`). A backup that connects
 (`Cluster.Replicate`) first gets a snapshot: a SNAPSHOT request is enqueued in each file at
 one sequence number, so each pins a read of exactly the writes up to it; the rows stream from
-those reads while later writes queue for the backup behind them. Once the backup has the
-snapshot on disk and is at most `SYNC_LAG` requests behind (or has everything, when idle),
-every new write waits until the backup reports it durable too, and the backup counts as in
-sync once it holds every write before the first that waited.
+those reads while later writes queue for the backup behind them, paced by the primary's own
+latency (`cluster/snapshot_pace.py`) so that its clients keep their service. Once the backup
+has the snapshot on disk and is at most `SYNC_LAG` requests behind (or has everything, when
+idle), every new write waits until the backup reports it durable too, and the backup counts
+as in sync once it holds every write before the first that waited.
 
 A backup that is gone, more than `MAX_QUEUED_BYTES` behind, or does not confirm a write within
 `failure-timeout`, is dropped: what it was still to get is freed, its stream ends even if it
@@ -30,8 +31,11 @@ import structlog
 from grpc import aio
 
 from broker.engine import NotServing
+from broker.histogram import Histogram
 from broker.sqlite_file import Pinned
 from cluster import replication_wire as wire
+from cluster.latency_probe import LatencyProbe
+from cluster.snapshot_pace import Pace
 from pinmq_pb import cluster_pb2 as pb
 
 log = structlog.get_logger(__name__)
@@ -41,6 +45,7 @@ ROWS_PER_FRAME = 1000
 OPS_PER_FRAME = 500
 FRAME_BYTES = 4 * 1024 * 1024  # a frame holds at most this much (or one row or op, if bigger)
 MAX_QUEUED_BYTES = 256 * 1024 * 1024  # a backup further behind than that is dropped
+BEFORE_S = 0.25  # the primary's latency is measured this long before a snapshot streams
 
 
 class Source(Protocol):
@@ -194,9 +199,11 @@ class Replicator:
         sources: Mapping[str, Source],
         failure_timeout_ms: int,
         gate: Gate | None = None,
+        commits: Histogram | None = None,
     ) -> None:
         self.node_id = node_id
         self.gate = gate  # ha failover: writes only while serving, alone only once voters know
+        self.commits = commits  # the store's commit times: a snapshot streams by them
         self.sources = dict(sources)
         self.timeout_s = failure_timeout_ms / 1000
         self.seq = 0
@@ -258,11 +265,22 @@ class Replicator:
             epoch = self.gate.epoch if self.gate is not None else 0
             begin = pb.SnapshotBegin(seq=backup.after, primary=self.node_id, epoch=epoch)
             await _write(context, pb.ReplicationFrame(begin=begin), gone)
-            for name, (pinned, _) in pins.items():
-                await asyncio.shield(busy[name])
-                await self._send_rows(context, name, pinned, busy, gone)
-                pinned.close()
+            async with LatencyProbe(self.commits) as probe:
+                await asyncio.sleep(BEFORE_S)
+                pace, began = Pace(probe.take()), time.monotonic()
+                for name, (pinned, _) in pins.items():
+                    await asyncio.shield(busy[name])
+                    await self._send_rows(
+                        context, name, pinned, busy, gone, _Paced(pace, probe, backup)
+                    )
+                    pinned.close()
             await _write(context, pb.ReplicationFrame(end=pb.SnapshotEnd()), gone)
+            log.info(
+                "snapshot sent",
+                backup=backup.node_id,
+                took_s=round(time.monotonic() - began, 2),
+                paced_s=round(pace.rested_s, 2),
+            )
             while backup.lost is None:
                 await backup.ready.wait()
                 ops = backup.take()
@@ -293,17 +311,24 @@ class Replicator:
         pinned: Pinned,
         busy: dict[str, asyncio.Future[Any]],
         gone: asyncio.Future[Any],
+        paced: _Paced,
     ) -> None:
-        """Every row of the file's tables. Each read runs on a thread, shielded and noted in
-        `busy`: a cancelled stream must not close the pin under it (SQLite then crashes)."""
+        """Every row of the file's tables, resting between chunks as `paced` says. Each read
+        runs on a thread, shielded and noted in `busy`: a cancelled stream must not close the
+        pin under it (SQLite then crashes)."""
         for table in self.sources[file].TABLES:
             columns = await _read(busy, file, pinned.columns, table)
             chunks: Iterator[list[tuple[Any, ...]]] = pinned.rows(table, ROWS_PER_FRAME)
-            while rows := await _read(busy, file, next, chunks, None):
+            while True:
+                began = time.monotonic()
+                rows = await _read(busy, file, next, chunks, None)
+                if not rows:
+                    break
                 for run in _runs(rows):
                     chunk = wire.SnapshotChunk(file, table, columns, run)
                     frame = pb.ReplicationFrame(rows=wire.encode_chunk(chunk))
                     await _write(context, frame, gone)
+                await paced.rest(time.monotonic() - began, gone)
 
     async def _receive(self, backup: _Backup, reports: AsyncIterator[pb.ReplicaReport]) -> None:
         try:
@@ -319,6 +344,20 @@ class Replicator:
             await asyncio.sleep(min(0.1, self.timeout_s / 4))
             if backup.overdue(time.monotonic()):
                 backup.drop(f"no confirmation within {self.timeout_s * 1000:.0f} ms")
+
+
+class _Paced:
+    """A snapshot's pace (`cluster/snapshot_pace.py`) with what it is measured by."""
+
+    def __init__(self, pace: Pace, probe: LatencyProbe, backup: _Backup) -> None:
+        self.pace, self.probe, self.backup = pace, probe, backup
+
+    async def rest(self, worked_s: float, gone: asyncio.Future[Any]) -> None:
+        """After a step that took `worked_s`: rest as long as the pace says (less if the
+        backup is dropped meanwhile)."""
+        rest = self.pace.rest(worked_s, self.probe.take(), self.backup.queued_bytes)
+        if rest > 0:
+            await asyncio.wait((gone,), timeout=rest)
 
 
 async def _write(

@@ -253,8 +253,9 @@ class Node:
         ha, pair, bindings = self.config.ha, self.pair, handler.bindings_store
         if ha is None or pair is None or bindings is None:  # no bindings file: REMOTE
             return None
-        sources = {"store": self.engine.store, "bindings": bindings}
-        return Replicator(self.config.node.id, sources, ha.failure_timeout, pair)
+        store = self.engine.store
+        sources = {"store": store, "bindings": bindings}
+        return Replicator(self.config.node.id, sources, ha.failure_timeout, pair, store.commit_ns)
 
     async def _redistribute_loop(self, clustered: ClusteredSendPath) -> None:
         while True:

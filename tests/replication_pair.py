@@ -129,7 +129,9 @@ async def primary(data_dir: Path, gate: Gate) -> AsyncIterator[Primary]:
     store = Store.open(data_dir / STORE_FILE)
     bindings = BindingStore.open(data_dir / BINDINGS_FILE)
     sources = {"store": store, "bindings": bindings}
-    replicator = Replicator("node1", sources, failure_timeout_ms=600_000, gate=gate)
+    replicator = Replicator(
+        "node1", sources, failure_timeout_ms=600_000, gate=gate, commits=store.commit_ns
+    )
     server = aio.server(options=SERVER_OPTIONS)  # the cluster listener's: keepalive policy
     pb_grpc.add_ClusterServicer_to_server(_Cluster(replicator), server)
     port = server.add_insecure_port("127.0.0.1:0")

@@ -21,14 +21,18 @@ def data_size(node: NodeProc) -> str:
 
 
 def replication_log(primary: NodeProc, backup: NodeProc) -> Counter[str]:
-    """What the two logs say of replication so far, counted: the snapshots the primary began,
-    and every reason the backup was dropped or its stream broke off."""
+    """What the two logs say of replication so far, counted: the snapshots the primary began
+    and sent (how long, how much of it paced), and every reason the backup was dropped or its
+    stream broke off."""
     found: Counter[str] = Counter()
     for node in (primary, backup):
         for entry in _entries(node.log_path):
             event = entry.get("event", "")
             if "sending a snapshot" in event:
                 found["snapshots begun"] += 1
+            elif event == "snapshot sent":
+                took, paced = entry.get("took_s"), entry.get("paced_s")
+                found[f"snapshot sent in {took} s, {paced} s of it resting for the load"] += 1
             elif "backup lost" in event or "replication from the primary broke off" in event:
                 why = entry.get("reason") or entry.get("error")
                 found[f"{node.node_id}: {event}: {why}"] += 1

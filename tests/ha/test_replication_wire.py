@@ -194,6 +194,7 @@ async def test_a_backup_holds_what_the_primary_holds_after_every_kind_of_write(
 def _by_group(runs: list[IndexRun]) -> dict[tuple[str, str | None], tuple[list[int], int]]:
     return {(r.queue, r.group): (r.msg_ids.tolist(), r.enqueued_ns) for r in runs}
 
+
 class _Newer:
     """The wire of a primary one format ahead: format 1's arrays under the next number."""
 
