@@ -151,7 +151,9 @@ class Engine:
         """Start the audit log, open and replay the store; (messages, orphans) restored.
 
         `kept`: the store's index as an ha backup kept it while following, used instead of
-        a scan where it matches the store. Raises StartupError naming the file and the reason.
+        a scan where it matches the store; the file, which that process wrote and closed a
+        moment ago, is then opened without a walk of its pages. Raises StartupError naming
+        the file and the reason.
         """
         if self.audit is not None:  # audit log: started first, closed last
             try:
@@ -163,7 +165,8 @@ class Engine:
             self.store_path.parent.mkdir(parents=True, exist_ok=True)
             reserve = self.room.reserve
             reserve.release()  # its room lets the store open on a full disk
-            self._store = store = open_store(self.config, reserve.release)
+            # A kept index comes with a file its process wrote until a moment ago.
+            self._store = store = open_store(self.config, reserve.release, kept is None)
             for address, name, settings in store.load_queues():
                 auto = bool(settings.pop(AUTO_CREATED, False))
                 core.restore_queue(address, name, QueueConfig.model_validate(settings), auto)

@@ -98,13 +98,14 @@ class Store(StoreReads, StoreBase[sqlite3.Connection]):
         *,
         max_bytes: int | None = None,
         on_full: Callable[[], bool] | None = None,
+        walk_pages: bool = True,
     ) -> Store:
         """Open or create the store at `path` and start its writer thread.
 
         Raises `StoreError` (naming the path) if the file is not a readable, intact pinmq
         store; the file is then left untouched. `max_bytes` optionally caps the database
         size, beyond which writes fail with `StoreError` instead of filling the disk (or wait,
-        with `on_full`: see `StoreBase`).
+        with `on_full`: see `StoreBase`). `walk_pages`: see `sqlite_file.prepare`.
         """
         path = Path(path)
         fresh = sqlite_file.prepare(
@@ -113,6 +114,7 @@ class Store(StoreReads, StoreBase[sqlite3.Connection]):
             application_id=APPLICATION_ID,
             schema_version=SCHEMA_VERSION,
             error=StoreError,
+            walk_pages=walk_pages,
         )
         store = cls(path, max_bytes, on_full)
         store._start(lambda: store._connect(fresh))

@@ -36,10 +36,12 @@ def store_path(config: NodeConfig) -> Path:
     return data_dir / (JOURNAL_DIR if store_format(config) == "journal" else STORE_FILE)
 
 
-def open_store(config: NodeConfig, on_full: Callable[[], bool] | None) -> StoreBase:
+def open_store(
+    config: NodeConfig, on_full: Callable[[], bool] | None, walk_pages: bool = True
+) -> StoreBase:
     """Open the configured store; raises `StoreError` naming the file if it cannot, or if the
     data directory holds messages in the other format (a format is never switched silently:
-    its messages would be left behind)."""
+    its messages would be left behind). `walk_pages`: see `sqlite_file.prepare`."""
     data_dir = Path(config.node.data_dir)
     sqlite_file, journal_dir = data_dir / STORE_FILE, data_dir / JOURNAL_DIR
     if store_format(config) == "journal":
@@ -56,4 +58,4 @@ def open_store(config: NodeConfig, on_full: Callable[[], bool] | None) -> StoreB
             f"{journal_dir}: store.format is sqlite but this data directory holds a journal "
             "store; start with store.format: journal, or empty the directory"
         )
-    return Store.open(sqlite_file, on_full=on_full)
+    return Store.open(sqlite_file, on_full=on_full, walk_pages=walk_pages)
