@@ -280,6 +280,9 @@ class Replicator:
                 backup=backup.node_id,
                 took_s=round(time.monotonic() - began, 2),
                 paced_s=round(pace.rested_s, 2),
+                steps=pace.steps,
+                loop_over_budget=pace.loop_over,
+                commits_over_budget=pace.commits_over,
             )
             while backup.lost is None:
                 await backup.ready.wait()

@@ -44,6 +44,7 @@ class Pace:
         self.commit_budget_s = max(LEAST_BUDGET_S, before.commit_s * BUDGET)
         self.share = 1.0
         self.rested_s = 0.0  # in all
+        self.steps = self.loop_over = self.commits_over = 0  # steps, and over budget by each
 
     def rest(self, worked_s: float, now: Latency, queued_bytes: int) -> float:
         """Seconds to rest after a step that took `worked_s`, the latency being `now` and
@@ -51,6 +52,9 @@ class Pace:
         if queued_bytes > HURRY_BYTES:
             self.share = 1.0
             return 0.0
+        self.steps += 1
+        self.loop_over += now.loop_s > self.loop_budget_s
+        self.commits_over += now.commit_s > self.commit_budget_s
         over = now.loop_s > self.loop_budget_s or now.commit_s > self.commit_budget_s
         self.share = max(FLOOR, self.share / 2) if over else min(1.0, self.share + RISE)
         rest = worked_s * (1 - self.share) / self.share

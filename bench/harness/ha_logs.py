@@ -32,7 +32,12 @@ def replication_log(primary: NodeProc, backup: NodeProc) -> Counter[str]:
                 found["snapshots begun"] += 1
             elif event == "snapshot sent":
                 took, paced = entry.get("took_s"), entry.get("paced_s")
-                found[f"snapshot sent in {took} s, {paced} s of it resting for the load"] += 1
+                over = (entry.get(k) for k in ("loop_over_budget", "commits_over_budget"))
+                found[
+                    f"snapshot sent in {took} s, {paced} s of it resting for the load; "
+                    f"of {entry.get('steps')} steps, over budget by loop lateness / commit "
+                    f"time: {' / '.join(map(str, over))}"
+                ] += 1
             elif "backup lost" in event or "replication from the primary broke off" in event:
                 why = entry.get("reason") or entry.get("error")
                 found[f"{node.node_id}: {event}: {why}"] += 1
