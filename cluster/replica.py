@@ -47,6 +47,10 @@ log = structlog.get_logger(__name__)
 
 SYNC_SUFFIX = ".sync"  # a snapshot being received, beside the file it will replace
 SWAP_MARKER = "replica-swap"  # in the data dir while whole snapshot files replace the real ones
+# Snapshot rows written between flushes of their file's WAL: left to the kernel, a snapshot's
+# hundreds of MiB are written back in bursts that every fsync on the disk waits behind (the
+# primary's own commits, where both share it), see bench/RESULTS.md.
+FLUSH_BYTES = 4 * 1024 * 1024
 # One write request can be bigger than gRPC's default 4 MiB (limits.max-message-size is 10 MiB).
 CHANNEL_OPTIONS = [
     *channels.keepalive(),
@@ -95,6 +99,7 @@ class Follower:
         self.index: KeptIndex | None = None
         self._incoming: KeptIndex | None = None  # the index of the snapshot being received
         self._bulk: dict[str, sqlite3.Connection] = {}
+        self._unflushed: dict[str, int] = {}  # per snapshot file, bytes since its WAL's flush
         self._outage = Outage()  # a primary that is not active (yet) refuses every retry
         self._broken_at: float | None = None  # the stream broke off then, none installed since
         self._warned = False
@@ -232,6 +237,7 @@ class Follower:
             conn.execute("BEGIN")
             self._bulk[name] = conn
         self._incoming = KeptIndex()
+        self._unflushed = {}
 
     async def _rows(self, rows: pb.SnapshotRows) -> None:
         chunk = wire.decode_chunk(rows)
@@ -243,6 +249,12 @@ class Follower:
             marks = ", ".join("?" * len(chunk.columns))
             sql = f"INSERT OR REPLACE INTO {_quoted(chunk.table)} ({names}) VALUES ({marks})"
             await asyncio.to_thread(_insert, conn, sql, chunk.rows)
+        unflushed = self._unflushed.get(chunk.file, 0) + rows.ByteSize()
+        if unflushed >= FLUSH_BYTES:
+            wal = sqlite_file.wal_path(_sync_path(self.paths[chunk.file]))
+            await asyncio.to_thread(_flush, wal)
+            unflushed = 0
+        self._unflushed[chunk.file] = unflushed
 
     async def _install(self) -> None:
         """Commit the snapshot files, then swap each in for its real file and open it."""
@@ -312,6 +324,19 @@ def _insert(conn: sqlite3.Connection, sql: str, rows: Sequence[Any]) -> None:
     """executemany with its cursor closed in this thread: a cursor freed later in the loop's
     thread resets the cached statement the next executemany runs (SQLITE_MISUSE)."""
     conn.executemany(sql, rows).close()
+
+
+def _flush(path: Path) -> None:
+    """What is written of a file so far, to disk (its data: `fdatasync`); none yet, if it is
+    not there (SQLite has not spilled the transaction to its WAL)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
 
 
 def _quoted(name: str) -> str:
