@@ -16,6 +16,7 @@ import queue
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -71,22 +72,25 @@ def read_only(path: Path) -> sqlite3.Connection:
     return sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
 
 
-def prepare(
-    path: Path,
-    *,
-    what: str,
-    application_id: int,
-    schema_version: int,
-    error: type[Exception],
-    walk_pages: bool = True,
-) -> bool:
+@dataclass(frozen=True)
+class FileKind:
+    """What a SQLite file of ours must be, and the error that refuses one that is not."""
+
+    what: str  # named in errors: "pinmq store"
+    application_id: int
+    schema_version: int
+    error: type[Exception]
+
+
+def prepare(path: Path, kind: FileKind, walk_pages: bool = True) -> bool:
     """Make the directory, then check the file before anyone writes to it; True if it is new.
 
-    Raises `error` (naming the path) if the file is not a readable, intact SQLite file of
-    this kind (`what`); it is then left untouched. Without `walk_pages`, for a file this
-    process wrote and closed a moment ago, the check skips `quick_check`, which reads every
-    page (a quarter of a second at a million messages).
+    Raises `kind.error` (naming the path) if the file is not a readable, intact SQLite file of
+    this kind; it is then left untouched. Without `walk_pages`, for a file this process wrote
+    and closed a moment ago, the check skips `quick_check`, which reads every page (a quarter
+    of a second at a million messages).
     """
+    error = kind.error
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -95,28 +99,14 @@ def prepare(
         raise error(f"{path}: exists but is not a regular file")
     fresh = is_fresh(path)
     if not fresh:
-        verify(
-            path,
-            what=what,
-            application_id=application_id,
-            schema_version=schema_version,
-            error=error,
-            walk_pages=walk_pages,
-        )
+        verify(path, kind, walk_pages)
     return fresh
 
 
-def verify(
-    path: Path,
-    *,
-    what: str,
-    application_id: int,
-    schema_version: int,
-    error: type[Exception],
-    walk_pages: bool = True,
-) -> None:
-    """Raise `error` unless `path` is an intact (or empty) SQLite file of this kind (`what`);
+def verify(path: Path, kind: FileKind, walk_pages: bool = True) -> None:
+    """Raise `kind.error` unless `path` is an intact (or empty) SQLite file of this kind;
     `walk_pages`: with SQLite's `quick_check` of every page."""
+    error = kind.error
     try:
         with path.open("rb") as f:
             header = f.read(100)
@@ -151,14 +141,15 @@ def verify(
         raise error(f"{path}: database is corrupt or unreadable: {exc}") from exc
     finally:
         conn.close()
-    if tables and app_id != application_id:
+    if tables and app_id != kind.application_id:
         raise error(
-            f"{path}: a SQLite database but not a {what} (application_id {app_id}, "
+            f"{path}: a SQLite database but not a {kind.what} (application_id {app_id}, "
             f"tables {', '.join(sorted(tables))})"
         )
-    if version > schema_version:
+    if version > kind.schema_version:
         raise error(
-            f"{path}: {what} schema version {version} is newer than supported {schema_version}"
+            f"{path}: {kind.what} schema version {version} is newer than supported "
+            f"{kind.schema_version}"
         )
 
 
@@ -176,19 +167,13 @@ def fsync_dir(directory: Path) -> None:
 
 
 def open_writer(
-    path: Path,
-    *,
-    fresh: bool,
-    schema: Sequence[str],
-    application_id: int,
-    schema_version: int,
-    pragmas: Sequence[str],
-    error: type[Exception],
+    path: Path, kind: FileKind, *, fresh: bool, schema: Sequence[str], pragmas: Sequence[str]
 ) -> sqlite3.Connection:
     """The one writing connection of a file: WAL, synchronous=FULL, schema in place.
 
     `pragmas` run before the schema (auto_vacuum only takes before the first table).
     """
+    error = kind.error
     try:
         conn = sqlite3.connect(path, isolation_level=None)
     except sqlite3.Error as exc:
@@ -204,8 +189,8 @@ def open_writer(
         conn.execute("BEGIN IMMEDIATE")
         for statement in schema:
             conn.execute(statement)
-        conn.execute(f"PRAGMA application_id = {application_id}")
-        conn.execute(f"PRAGMA user_version = {schema_version}")
+        conn.execute(f"PRAGMA application_id = {kind.application_id}")
+        conn.execute(f"PRAGMA user_version = {kind.schema_version}")
         conn.execute("COMMIT")
     except error:
         conn.close()

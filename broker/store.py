@@ -73,6 +73,7 @@ VACUUM_STEP_PAGES = 1024  # ~10-20 ms of work: the most a new write waits behind
 JOURNAL_SIZE_LIMIT = 16 * 1024 * 1024
 CACHE_KIB = 16 * 1024
 BUSY_TIMEOUT_MS = 5000
+KIND = sqlite_file.FileKind("pinmq store", APPLICATION_ID, SCHEMA_VERSION, StoreError)
 
 
 class Store(StoreReads, StoreBase[sqlite3.Connection]):
@@ -108,14 +109,7 @@ class Store(StoreReads, StoreBase[sqlite3.Connection]):
         with `on_full`: see `StoreBase`). `walk_pages`: see `sqlite_file.prepare`.
         """
         path = Path(path)
-        fresh = sqlite_file.prepare(
-            path,
-            what="pinmq store",
-            application_id=APPLICATION_ID,
-            schema_version=SCHEMA_VERSION,
-            error=StoreError,
-            walk_pages=walk_pages,
-        )
+        fresh = sqlite_file.prepare(path, KIND, walk_pages)
         store = cls(path, max_bytes, on_full)
         store._start(lambda: store._connect(fresh))
         return store
@@ -130,15 +124,7 @@ class Store(StoreReads, StoreBase[sqlite3.Connection]):
         if self._max_bytes is not None:
             # SQLite's default page size (4 KiB) is used: set before the first table exists
             pragmas.append(f"max_page_count = {max(1, self._max_bytes // 4096)}")
-        conn = sqlite_file.open_writer(
-            self.path,
-            fresh=fresh,
-            schema=SCHEMA,
-            application_id=APPLICATION_ID,
-            schema_version=SCHEMA_VERSION,
-            pragmas=pragmas,
-            error=StoreError,
-        )
+        conn = sqlite_file.open_writer(self.path, KIND, fresh=fresh, schema=SCHEMA, pragmas=pragmas)
         row = conn.execute("SELECT value FROM meta WHERE key = 'max_msg_id'").fetchone()
         self._max_id = int(row[0])
         self._page_size = conn.execute("PRAGMA page_size").fetchone()[0]

@@ -71,6 +71,11 @@ class BindingStoreError(Exception):
     """The bindings file cannot be used or written; the message names the path and why."""
 
 
+KIND = sqlite_file.FileKind(
+    "pinmq bindings file", APPLICATION_ID, SCHEMA_VERSION, BindingStoreError
+)
+
+
 class BindingStore:
     """Bindings in one SQLite file; build with `BindingStore.open(path)`."""
 
@@ -89,13 +94,7 @@ class BindingStore:
     def open(cls, path: Path) -> BindingStore:
         """Open or create the file and start the writer; raises `BindingStoreError` if bad."""
         path = Path(path)
-        fresh = sqlite_file.prepare(
-            path,
-            what="pinmq bindings file",
-            application_id=APPLICATION_ID,
-            schema_version=SCHEMA_VERSION,
-            error=BindingStoreError,
-        )
+        fresh = sqlite_file.prepare(path, KIND)
         store = cls(path)
         store._thread = sqlite_file.start_writer(
             f"bindings-writer:{path}", lambda: store._connect(fresh), store._serve
@@ -224,15 +223,13 @@ class BindingStore:
     def _connect(self, fresh: bool) -> sqlite3.Connection:
         return sqlite_file.open_writer(
             self.path,
+            KIND,
             fresh=fresh,
             schema=[_SCHEMA],
-            application_id=APPLICATION_ID,
-            schema_version=SCHEMA_VERSION,
             pragmas=[
                 f"busy_timeout = {BUSY_TIMEOUT_MS}",
                 f"journal_size_limit = {JOURNAL_SIZE_LIMIT}",
             ],
-            error=BindingStoreError,
         )
 
 
