@@ -300,6 +300,11 @@ class GroupingHandlerSection(Strict):
     # LOCAL only: ms a binding's instance may be missing (its node down or cut off) before the
     # binding goes and the group may be bound elsewhere; -1 (default): never, its messages wait.
     rebind_absent_after: int = Field(default=-1, ge=-1)
+    # LOCAL only, read when rebind-absent-after is set: ms a REMOTE node's lease lasts (it
+    # delivers grouped messages only while it holds one, renewed every third of it), and the
+    # margin the LOCAL node waits beyond a lease before re-binding that node's groups.
+    lease: int = Field(default=4000, gt=0)
+    lease_margin: int = Field(default=1000, ge=0)
 
     def covers(self, address: str) -> bool:
         return address.startswith(self.address)

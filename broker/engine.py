@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Collection, Coroutine, Sequence
 from typing import Any, Literal, Protocol
 
 from pydantic import ValidationError
@@ -193,6 +193,11 @@ class Engine:
 
     def end_streams(self, reason: str) -> None:
         self._outlets.end("UNAVAILABLE", reason)
+
+    def end_consumers(self, consumer_ids: Collection[str], reason: str) -> None:
+        """End these consumers' streams: their shells unsubscribe, what they held comes back."""
+        if consumer_ids:
+            self._outlets.end("UNAVAILABLE", reason, consumers=consumer_ids)
 
     async def close(self) -> None:
         """Stop the loops, close the store (after its queued writes) and the audit log."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
 from broker.effects import Delivery
@@ -82,8 +82,21 @@ class Outlets:
     def remove(self, consumer_id: str) -> None:
         self._streams.pop(consumer_id, None)
 
-    def end(self, code: str, reason: str, queue: str | None = None) -> None:
-        """End every stream (of one queue): their shells close the subscriptions."""
+    def end(
+        self,
+        code: str,
+        reason: str,
+        queue: str | None = None,
+        consumers: Collection[str] | None = None,
+    ) -> None:
+        """End every stream (of one queue, or of these consumers): their shells close the
+        subscriptions."""
+        if consumers is not None:
+            for consumer_id in consumers:
+                stream = self._streams.get(consumer_id)
+                if stream is not None:
+                    stream.end(code, reason)
+            return
         for stream in list(self._streams.values()):
             if queue is None or stream.queue == queue:
                 stream.end(code, reason)

@@ -14,8 +14,10 @@ is bound, proposing this node, where the messages are:
   message still at a consumer here moves once it comes back (released, or its consumer gone).
 
 A node holds: every group restored from its store when it starts (before any consumer can
-subscribe; paged groups too), a group whose binding to this node was removed, and a group of
-a forwarded message whose binding this node does not know or knows to be elsewhere. A held
+subscribe; paged groups too), a group whose binding to this node was removed, a group of a
+forwarded message whose binding this node does not know or knows to be elsewhere, and every
+group when its lease from the arbiter lapses (`rebind-absent-after`: it may be cut off while
+its groups are bound elsewhere), ending the streams of consumers that hold their messages. A held
 group's paged messages are read back, held, and move with it. Messages of a group
 bound here are enqueued at once. Until the handler answers (the LOCAL node unreachable), held
 groups wait, in order; other groups flow.
@@ -106,6 +108,25 @@ class GroupClaims:
         if self._governs(q.name, q.address, q.settings) and q.has_group(binding.group):
             with self.engine.unit() as unit:
                 self._hold(q.name, binding.group, unit)
+
+    def lapsed(self) -> None:
+        """An `on_lease_lapsed` callback: this node may no longer deliver any group. Hold every
+        group it governs, and end the streams of the consumers holding messages of one: their
+        deliveries come back, held, before the arbiter may bind the group elsewhere."""
+        holding: set[str] = set()
+        groups = 0
+        with self.engine.unit() as unit:
+            for q in self.engine.queues():
+                if self._governs(q.name, q.address, q.settings):
+                    for info in q.groups():
+                        self._hold(q.name, info.group, unit)
+                        groups += 1
+                        if info.outstanding and info.owner is not None:
+                            holding.add(info.owner)
+        self.engine.end_consumers(
+            holding, "this node lost its grouping lease: its deliveries of grouped messages void"
+        )
+        log.info("groups held: no grouping lease", groups=groups, consumers_ended=len(holding))
 
     def admit(self, queue: str, message: Outgoing, unit: Unit) -> int | None:
         """A forwarded message arrives: enqueued, held unless its group is known bound here."""

@@ -2,11 +2,13 @@
 
 The node process passes its engine (`broker/engine.py`), which has all of this; tests may pass
 anything that has it too. The cluster changes its node only through the engine's commands
-(`unit()`); the rest is read-only.
+(`unit()`) and, when it may no longer deliver a group, by ending consumers' streams; the rest
+is read-only.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Protocol
 
 from broker.config import NodeConfig
@@ -28,6 +30,8 @@ class LocalEngine(Protocol):
     def queues(self) -> list[QueueView]: ...
 
     def queues_of(self, address: str) -> list[QueueView]: ...
+
+    def end_consumers(self, consumer_ids: Collection[str], reason: str) -> None: ...
 
     def check_address(self, address: str) -> None:
         """Raises CoreError unless a send to `address` would be routed to a queue."""

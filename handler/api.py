@@ -74,6 +74,7 @@ class GroupingHandler(abc.ABC):
 
     def __init__(self) -> None:
         self._callbacks: list[RemovedCallback] = []
+        self._lapse_callbacks: list[Callable[[], None]] = []
         self.stats = HandlerStats()  # for /metrics (handler/stats.py)
 
     @abc.abstractmethod
@@ -140,3 +141,15 @@ class GroupingHandler(abc.ABC):
                     callback(binding, reason)
                 except Exception:
                     log.exception("on_removed callback failed", group=binding.group)
+
+    def on_lease_lapsed(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` when this node's lease from the arbiter lapses (REMOTE only): it
+        must deliver no grouped message until decisions come again."""
+        self._lapse_callbacks.append(callback)
+
+    def _lapsed(self) -> None:
+        for callback in self._lapse_callbacks:
+            try:
+                callback()
+            except Exception:
+                log.exception("on_lease_lapsed callback failed")

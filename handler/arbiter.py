@@ -16,7 +16,7 @@ binding table in last-use order, so `reap` costs O(removed) instead of a scan of
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 
 from handler.records import Binding, Instance, Key
 
@@ -148,8 +148,9 @@ class Arbiter:
             self._present.discard(instance)
             self._absent.setdefault(instance, now)
 
-    def expire_absent(self, now_ns: int) -> list[Binding]:
-        """Drop bindings to instances absent for longer than the absent timeout.
+    def expire_absent(self, now_ns: int, leased: Container[str] = ()) -> list[Binding]:
+        """Drop bindings to instances absent for longer than the absent timeout, except those
+        on the `leased` nodes (whose lease may still hold: they may be delivering).
 
         The instance stays marked absent, so a binding made to it later goes at the next call.
         """
@@ -159,20 +160,26 @@ class Arbiter:
             return []
         removed: list[Binding] = []
         for instance, since in self._absent.items():
-            if now - since > limit and instance in self._by_instance:
+            if now - since > limit and instance in self._by_instance and instance[1] not in leased:
                 removed += self._remove_instance(instance)
         return removed
 
-    def next_absent_expiry(self) -> int | None:
-        """When `expire_absent` next has something to drop (ns), or None: lets a shell sleep."""
+    def next_absent_expiry(self, leased: Container[str] = ()) -> int | None:
+        """When `expire_absent` next has something to drop (ns), or None: lets a shell sleep.
+
+        Instances on `leased` nodes are left out: their shell wakes when a lease runs out."""
         if self._absent_timeout_ns < 0:
             return None
         deadlines = [
             since + self._absent_timeout_ns
             for instance, since in self._absent.items()
-            if instance in self._by_instance
+            if instance in self._by_instance and instance[1] not in leased
         ]
         return min(deadlines) + 1 if deadlines else None
+
+    def absent_nodes(self) -> set[str]:
+        """Nodes with an absent instance that still has bindings."""
+        return {instance[1] for instance in self._absent if instance in self._by_instance}
 
     def reap(self, now_ns: int) -> list[Binding]:
         """Remove bindings unused for longer than group-timeout (none when it is -1)."""

@@ -15,7 +15,11 @@ A binding stays while its instance is absent (its node down, or not yet heard of
 restart): the group's messages wait for that node, in order, and never move behind its back.
 Only with `rebind-absent-after` set (ms; -1 = never, the default) does the reaper task drop
 bindings to instances missing for longer than that; the returning node then finds those
-groups bound elsewhere and moves their messages there (`cluster/claims.py`).
+groups bound elsewhere and moves their messages there (`cluster/claims.py`). A node may be
+cut off rather than down, still serving its consumers: so with that setting REMOTE nodes
+deliver grouped messages only while they hold a lease from this handler (`grant_lease`), and
+the reaper drops a node's bindings only once its lease has certainly run out
+(`handler/leases.py`).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from handler.api import (
 )
 from handler.arbiter import Arbiter
 from handler.bindings import FILE_NAME, BindingStore
+from handler.leases import Leases
 from handler.records import Binding, Key
 
 log = structlog.get_logger(__name__)
@@ -85,6 +90,7 @@ class LocalHandler(GroupingHandler):
         *,
         epoch: int = 1,
         clock: Callable[[], int] = time.time_ns,
+        lease_clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         super().__init__()
         self.config = config
@@ -92,6 +98,8 @@ class LocalHandler(GroupingHandler):
         self.path = Path(data_dir) / FILE_NAME
         self.arbiter = Arbiter(epoch, config.group_timeout, config.rebind_absent_after)
         self._clock = clock  # wall clock: last uses are listed as unix times
+        self._lease_clock = lease_clock
+        self.leases: Leases | None = None  # granted only with rebind-absent-after set
         self._store: BindingStore | None = None
         self._pending: dict[Key, asyncio.Future[None]] = {}  # key -> write of its new binding
         self._subscribers: set[Subscriber] = set()
@@ -111,6 +119,9 @@ class LocalHandler(GroupingHandler):
             await store.close()
             raise
         self.arbiter.restore(restored, self._clock())
+        if self.config.rebind_absent_after >= 0:
+            c = self.config
+            self.leases = Leases(c.lease, c.lease_margin, self._lease_clock())
         self._store = store
         self._wake = asyncio.Event()
         self._reaper = asyncio.create_task(self._reap_loop(), name="grouping-reaper")
@@ -241,6 +252,22 @@ class LocalHandler(GroupingHandler):
             self.arbiter.touch(fresh, self._clock())
         return stale
 
+    def grant_lease(self, node: str) -> int:
+        """A lease for a REMOTE node, in ms; 0: leases are off (no rebind-absent-after)."""
+        self._require()
+        if self.leases is None:
+            return 0
+        return self.leases.grant(node, self._lease_clock())
+
+    def _leased(self) -> tuple[set[str], int | None]:
+        """Absent nodes whose lease may still hold, and in how many ns the next one ends."""
+        if self.leases is None:
+            return set(), None
+        now = self._lease_clock()
+        leased = {n for n in self.arbiter.absent_nodes() if self.leases.holds(n, now)}
+        end = self.leases.next_expiry(now) if leased else None
+        return leased, (end - now if end is not None else None)
+
     # ---- removals -----------------------------------------------------------------------
 
     def _removed(self, removed: list[Binding], reason: RemovalReason) -> None:
@@ -274,16 +301,22 @@ class LocalHandler(GroupingHandler):
         next_reap = self._clock() + period
         while True:
             try:
-                wake_at = next_reap
-                expiry = self.arbiter.next_absent_expiry()
+                leased, lease_ends_in = self._leased()
+                now = self._clock()
+                wake_in = next_reap - now
+                expiry = self.arbiter.next_absent_expiry(leased)
                 if expiry is not None:
-                    wake_at = min(wake_at, expiry)
+                    wake_in = min(wake_in, expiry - now)
+                if lease_ends_in is not None:
+                    wake_in = min(wake_in, lease_ends_in + 1)
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(max(0, wake_at - self._clock()) / 1e9):
+                    async with asyncio.timeout(max(0, wake_in) / 1e9):
                         await self._wake.wait()
+                leased, _ = self._leased()
                 now = self._clock()
-                self._removed(self.arbiter.expire_absent(now), RemovalReason.INSTANCE_ABSENT)
+                removed = self.arbiter.expire_absent(now, leased)
+                self._removed(removed, RemovalReason.INSTANCE_ABSENT)
                 if now >= next_reap:
                     self._removed(self.arbiter.reap(now), RemovalReason.REAPED)
                     self.reaper_runs += 1

@@ -13,6 +13,10 @@ cache entries; when it (re)connects, the cache is validated against the LOCAL no
 sent while it was down are otherwise lost). Cached bindings keep answering while the LOCAL
 node is unreachable: a group stays where it is pinned.
 
+With `rebind-absent-after` set on the LOCAL node, this node asks no decision and keeps no
+binding while it holds no lease from it (handler/lease_keeper.py): when the lease lapses the
+cache is emptied and `on_lease_lapsed` callbacks run.
+
 Every answer names the epoch of the arbiter that gave it (an ha pair's failover epoch). An
 answer from an older epoch than the newest heard is ignored: a fenced arbiter that still
 answers for a moment can never overrule the one that replaced it.
@@ -40,6 +44,7 @@ from handler.api import (
     HandlerUnavailable,
     RemovalReason,
 )
+from handler.lease_keeper import LeaseKeeper
 from handler.proposals import ProposalRefused, ProposalStream, StreamEnded
 from handler.records import Binding, Key
 from handler.wire import HEARTBEAT_S, PB_TO_REASON, SUBSCRIBED, to_binding
@@ -48,6 +53,7 @@ from pinmq_pb import grouping_pb2_grpc as pb_grpc
 
 log = structlog.get_logger(__name__)
 
+_NO_LEASE = "this node holds no lease from the LOCAL grouping handler (not yet, or it lapsed)"
 TOUCH_BATCH = 10_000  # keys per Touch call
 SILENCE_S = 3 * HEARTBEAT_S  # a Removals stream this quiet is dead: reconnect
 _MS = 1_000_000
@@ -106,11 +112,22 @@ class RemoteHandler(GroupingHandler):
         self.subscribed = asyncio.Event()  # the Removals stream is live (for health and tests)
         self.arbiter_epoch = 0  # the newest arbiter epoch heard from
         self._ignored_epoch: tuple[int, int] | None = None  # the stale answer last warned of
+        self.lease = LeaseKeeper(
+            node_id,
+            self._stub,
+            self._current,
+            self._lease_lapsed,
+            retry_s=self._reconnect_s,
+            clock=clock,
+        )
 
     # ---- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._removals_loop(), name="grouping-removals")]
+        self._tasks = [
+            asyncio.create_task(self._removals_loop(), name="grouping-removals"),
+            asyncio.create_task(self.lease.run(), name="grouping-lease"),
+        ]
         if self.config.group_timeout >= 0:
             self._tasks.append(asyncio.create_task(self._touch_loop(), name="grouping-touch"))
 
@@ -172,6 +189,8 @@ class RemoteHandler(GroupingHandler):
                     proposals = self._proposal_stream()
                     if proposals is None:
                         why = "no LOCAL grouping handler is known in the cluster"
+                    elif not self.lease.holds():
+                        why = _NO_LEASE
                     else:
                         try:
                             reply = await proposals.propose(group, queue, node)
@@ -186,6 +205,8 @@ class RemoteHandler(GroupingHandler):
                             binding = to_binding(reply)
                             if not self._current(reply.arbiter_epoch):
                                 why = self._stale(reply.arbiter_epoch)
+                            elif not self.lease.holds():  # it lapsed meanwhile
+                                why = _NO_LEASE
                             elif binding in flight.removed:  # removed before the answer came
                                 flight.removed.clear()
                                 continue
@@ -223,6 +244,12 @@ class RemoteHandler(GroupingHandler):
                 log.info("new arbiter epoch", local=self._target, epoch=epoch)
             self.arbiter_epoch = epoch
         return True
+
+    def _lease_lapsed(self) -> None:
+        """Forget every cached binding: whatever changed meanwhile, each is asked again."""
+        self._cache.clear()
+        self._used.clear()
+        self._lapsed()
 
     def _stale(self, epoch: int) -> str:
         return (

@@ -121,6 +121,15 @@ class GroupingServicer(pb_grpc.GroupingHandlerServicer):
             arbiter_epoch=self.handler.arbiter.epoch,
         )
 
+    async def Lease(self, request: pb.LeaseRequest, context: aio.ServicerContext) -> pb.LeaseReply:
+        if not request.node:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "node must not be empty")
+        try:
+            lease_ms = self.handler.grant_lease(request.node)
+        except HandlerUnavailable as err:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+        return pb.LeaseReply(lease_ms=lease_ms, arbiter_epoch=self.handler.arbiter.epoch)
+
     async def Removals(
         self, request: pb.RemovalsRequest, context: aio.ServicerContext
     ) -> AsyncIterator[pb.Removal]:

@@ -37,6 +37,7 @@ from cluster.failover_states import Role
 from cluster.member import ClusterMember
 from handler.api import GroupingHandler
 from handler.local import LocalHandler
+from handler.remote import RemoteHandler
 from pinmq.queue_metrics import age_s, queue_metrics
 
 Rows = Iterable[tuple[Sequence[str], float]]
@@ -237,6 +238,21 @@ def _handler(node: str, handler: GroupingHandler) -> Iterator[Metric]:
             "The LOCAL handler's arbiter epoch.",
             node,
             handler.arbiter.epoch,
+        )
+    elif isinstance(handler, RemoteHandler):
+        lease = handler.lease
+        yield _one(
+            "pinmq_grouping_lease_held",
+            "REMOTE: 1 while the node may deliver grouped messages (its lease from the LOCAL "
+            "handler holds, or leases are off), else 0.",
+            node,
+            int(lease.holds()),
+        )
+        yield _count(
+            "pinmq_grouping_lease_lapses",
+            "REMOTE: times the node's lease ran out unrenewed and it held its groups.",
+            node,
+            lease.lapses,
         )
 
 

@@ -234,6 +234,7 @@ class Node:
             handler.on_removed(self._binding_removed)
             if self.claims is not None:
                 handler.on_removed(self.claims.removed)
+                handler.on_lease_lapsed(self.claims.lapsed)
                 self.claims.start()
             if self.config.grouping_handler.type == "LOCAL":  # type: ignore[union-attr]
                 cluster.on_instances_changed(self._report_instances)

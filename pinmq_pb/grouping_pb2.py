@@ -24,45 +24,49 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17pinmq_pb/grouping.proto\x12\x11pinmq.grouping.v1\"H\n\x0eProposeRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\n\n\x02id\x18\x04 \x01(\x04\"D\n\x0cProposeBatch\x12\x34\n\tproposals\x18\x01 \x03(\x0b\x32!.pinmq.grouping.v1.ProposeRequest\"W\n\x08\x44\x65\x63ision\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x30\n\x07\x62inding\x18\x02 \x01(\x0b\x32\x1f.pinmq.grouping.v1.BindingReply\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"?\n\rDecisionBatch\x12.\n\tdecisions\x18\x01 \x03(\x0b\x32\x1b.pinmq.grouping.v1.Decision\"r\n\x0c\x42indingReply\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x05 \x01(\x08\x12\x15\n\rarbiter_epoch\x18\x06 \x01(\x04\"1\n\x03Key\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\"K\n\x0cTouchRequest\x12$\n\x04keys\x18\x01 \x03(\x0b\x32\x16.pinmq.grouping.v1.Key\x12\x15\n\rvalidate_only\x18\x02 \x01(\x08\"J\n\nTouchReply\x12%\n\x05stale\x18\x01 \x03(\x0b\x32\x16.pinmq.grouping.v1.Key\x12\x15\n\rarbiter_epoch\x18\x02 \x01(\x04\"\x1f\n\x0fRemovalsRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\"\x86\x01\n\x07Removal\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12)\n\x06reason\x18\x05 \x01(\x0e\x32\x19.pinmq.grouping.v1.Reason\x12\x15\n\rarbiter_epoch\x18\x06 \x01(\x04\"+\n\x0bListRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\"b\n\x0b\x42indingInfo\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\x18\n\x10last_use_unix_ms\x18\x05 \x01(\x03\"=\n\tListReply\x12\x30\n\x08\x62indings\x18\x01 \x03(\x0b\x32\x1e.pinmq.grouping.v1.BindingInfo\"<\n\rUnbindRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x12\n\x05queue\x18\x02 \x01(\tH\x00\x88\x01\x01\x42\x08\n\x06_queue\"\x1e\n\x0bUnbindReply\x12\x0f\n\x07removed\x18\x01 \x01(\r*\x80\x01\n\x06Reason\x12\x16\n\x12REASON_UNSPECIFIED\x10\x00\x12\x11\n\rREASON_REAPED\x10\x01\x12\x12\n\x0eREASON_UNBOUND\x10\x02\x12\x1b\n\x17REASON_INSTANCE_DELETED\x10\x03\x12\x1a\n\x16REASON_INSTANCE_ABSENT\x10\x04\x32\xe1\x03\n\x0fGroupingHandler\x12M\n\x07Propose\x12!.pinmq.grouping.v1.ProposeRequest\x1a\x1f.pinmq.grouping.v1.BindingReply\x12V\n\rProposeStream\x12\x1f.pinmq.grouping.v1.ProposeBatch\x1a .pinmq.grouping.v1.DecisionBatch(\x01\x30\x01\x12G\n\x05Touch\x12\x1f.pinmq.grouping.v1.TouchRequest\x1a\x1d.pinmq.grouping.v1.TouchReply\x12L\n\x08Removals\x12\".pinmq.grouping.v1.RemovalsRequest\x1a\x1a.pinmq.grouping.v1.Removal0\x01\x12\x44\n\x04List\x12\x1e.pinmq.grouping.v1.ListRequest\x1a\x1c.pinmq.grouping.v1.ListReply\x12J\n\x06Unbind\x12 .pinmq.grouping.v1.UnbindRequest\x1a\x1e.pinmq.grouping.v1.UnbindReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17pinmq_pb/grouping.proto\x12\x11pinmq.grouping.v1\"\x1c\n\x0cLeaseRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\"5\n\nLeaseReply\x12\x10\n\x08lease_ms\x18\x01 \x01(\r\x12\x15\n\rarbiter_epoch\x18\x02 \x01(\x04\"H\n\x0eProposeRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\n\n\x02id\x18\x04 \x01(\x04\"D\n\x0cProposeBatch\x12\x34\n\tproposals\x18\x01 \x03(\x0b\x32!.pinmq.grouping.v1.ProposeRequest\"W\n\x08\x44\x65\x63ision\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x30\n\x07\x62inding\x18\x02 \x01(\x0b\x32\x1f.pinmq.grouping.v1.BindingReply\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"?\n\rDecisionBatch\x12.\n\tdecisions\x18\x01 \x03(\x0b\x32\x1b.pinmq.grouping.v1.Decision\"r\n\x0c\x42indingReply\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x05 \x01(\x08\x12\x15\n\rarbiter_epoch\x18\x06 \x01(\x04\"1\n\x03Key\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\"K\n\x0cTouchRequest\x12$\n\x04keys\x18\x01 \x03(\x0b\x32\x16.pinmq.grouping.v1.Key\x12\x15\n\rvalidate_only\x18\x02 \x01(\x08\"J\n\nTouchReply\x12%\n\x05stale\x18\x01 \x03(\x0b\x32\x16.pinmq.grouping.v1.Key\x12\x15\n\rarbiter_epoch\x18\x02 \x01(\x04\"\x1f\n\x0fRemovalsRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\"\x86\x01\n\x07Removal\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12)\n\x06reason\x18\x05 \x01(\x0e\x32\x19.pinmq.grouping.v1.Reason\x12\x15\n\rarbiter_epoch\x18\x06 \x01(\x04\"+\n\x0bListRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\r\"b\n\x0b\x42indingInfo\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\x18\n\x10last_use_unix_ms\x18\x05 \x01(\x03\"=\n\tListReply\x12\x30\n\x08\x62indings\x18\x01 \x03(\x0b\x32\x1e.pinmq.grouping.v1.BindingInfo\"<\n\rUnbindRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x12\n\x05queue\x18\x02 \x01(\tH\x00\x88\x01\x01\x42\x08\n\x06_queue\"\x1e\n\x0bUnbindReply\x12\x0f\n\x07removed\x18\x01 \x01(\r*\x80\x01\n\x06Reason\x12\x16\n\x12REASON_UNSPECIFIED\x10\x00\x12\x11\n\rREASON_REAPED\x10\x01\x12\x12\n\x0eREASON_UNBOUND\x10\x02\x12\x1b\n\x17REASON_INSTANCE_DELETED\x10\x03\x12\x1a\n\x16REASON_INSTANCE_ABSENT\x10\x04\x32\xaa\x04\n\x0fGroupingHandler\x12M\n\x07Propose\x12!.pinmq.grouping.v1.ProposeRequest\x1a\x1f.pinmq.grouping.v1.BindingReply\x12V\n\rProposeStream\x12\x1f.pinmq.grouping.v1.ProposeBatch\x1a .pinmq.grouping.v1.DecisionBatch(\x01\x30\x01\x12G\n\x05Touch\x12\x1f.pinmq.grouping.v1.TouchRequest\x1a\x1d.pinmq.grouping.v1.TouchReply\x12L\n\x08Removals\x12\".pinmq.grouping.v1.RemovalsRequest\x1a\x1a.pinmq.grouping.v1.Removal0\x01\x12\x44\n\x04List\x12\x1e.pinmq.grouping.v1.ListRequest\x1a\x1c.pinmq.grouping.v1.ListReply\x12J\n\x06Unbind\x12 .pinmq.grouping.v1.UnbindRequest\x1a\x1e.pinmq.grouping.v1.UnbindReply\x12G\n\x05Lease\x12\x1f.pinmq.grouping.v1.LeaseRequest\x1a\x1d.pinmq.grouping.v1.LeaseReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pinmq_pb.grouping_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_REASON']._serialized_start=1137
-  _globals['_REASON']._serialized_end=1265
-  _globals['_PROPOSEREQUEST']._serialized_start=46
-  _globals['_PROPOSEREQUEST']._serialized_end=118
-  _globals['_PROPOSEBATCH']._serialized_start=120
-  _globals['_PROPOSEBATCH']._serialized_end=188
-  _globals['_DECISION']._serialized_start=190
-  _globals['_DECISION']._serialized_end=277
-  _globals['_DECISIONBATCH']._serialized_start=279
-  _globals['_DECISIONBATCH']._serialized_end=342
-  _globals['_BINDINGREPLY']._serialized_start=344
-  _globals['_BINDINGREPLY']._serialized_end=458
-  _globals['_KEY']._serialized_start=460
-  _globals['_KEY']._serialized_end=509
-  _globals['_TOUCHREQUEST']._serialized_start=511
-  _globals['_TOUCHREQUEST']._serialized_end=586
-  _globals['_TOUCHREPLY']._serialized_start=588
-  _globals['_TOUCHREPLY']._serialized_end=662
-  _globals['_REMOVALSREQUEST']._serialized_start=664
-  _globals['_REMOVALSREQUEST']._serialized_end=695
-  _globals['_REMOVAL']._serialized_start=698
-  _globals['_REMOVAL']._serialized_end=832
-  _globals['_LISTREQUEST']._serialized_start=834
-  _globals['_LISTREQUEST']._serialized_end=877
-  _globals['_BINDINGINFO']._serialized_start=879
-  _globals['_BINDINGINFO']._serialized_end=977
-  _globals['_LISTREPLY']._serialized_start=979
-  _globals['_LISTREPLY']._serialized_end=1040
-  _globals['_UNBINDREQUEST']._serialized_start=1042
-  _globals['_UNBINDREQUEST']._serialized_end=1102
-  _globals['_UNBINDREPLY']._serialized_start=1104
-  _globals['_UNBINDREPLY']._serialized_end=1134
-  _globals['_GROUPINGHANDLER']._serialized_start=1268
-  _globals['_GROUPINGHANDLER']._serialized_end=1749
+  _globals['_REASON']._serialized_start=1222
+  _globals['_REASON']._serialized_end=1350
+  _globals['_LEASEREQUEST']._serialized_start=46
+  _globals['_LEASEREQUEST']._serialized_end=74
+  _globals['_LEASEREPLY']._serialized_start=76
+  _globals['_LEASEREPLY']._serialized_end=129
+  _globals['_PROPOSEREQUEST']._serialized_start=131
+  _globals['_PROPOSEREQUEST']._serialized_end=203
+  _globals['_PROPOSEBATCH']._serialized_start=205
+  _globals['_PROPOSEBATCH']._serialized_end=273
+  _globals['_DECISION']._serialized_start=275
+  _globals['_DECISION']._serialized_end=362
+  _globals['_DECISIONBATCH']._serialized_start=364
+  _globals['_DECISIONBATCH']._serialized_end=427
+  _globals['_BINDINGREPLY']._serialized_start=429
+  _globals['_BINDINGREPLY']._serialized_end=543
+  _globals['_KEY']._serialized_start=545
+  _globals['_KEY']._serialized_end=594
+  _globals['_TOUCHREQUEST']._serialized_start=596
+  _globals['_TOUCHREQUEST']._serialized_end=671
+  _globals['_TOUCHREPLY']._serialized_start=673
+  _globals['_TOUCHREPLY']._serialized_end=747
+  _globals['_REMOVALSREQUEST']._serialized_start=749
+  _globals['_REMOVALSREQUEST']._serialized_end=780
+  _globals['_REMOVAL']._serialized_start=783
+  _globals['_REMOVAL']._serialized_end=917
+  _globals['_LISTREQUEST']._serialized_start=919
+  _globals['_LISTREQUEST']._serialized_end=962
+  _globals['_BINDINGINFO']._serialized_start=964
+  _globals['_BINDINGINFO']._serialized_end=1062
+  _globals['_LISTREPLY']._serialized_start=1064
+  _globals['_LISTREPLY']._serialized_end=1125
+  _globals['_UNBINDREQUEST']._serialized_start=1127
+  _globals['_UNBINDREQUEST']._serialized_end=1187
+  _globals['_UNBINDREPLY']._serialized_start=1189
+  _globals['_UNBINDREPLY']._serialized_end=1219
+  _globals['_GROUPINGHANDLER']._serialized_start=1353
+  _globals['_GROUPINGHANDLER']._serialized_end=1907
 # @@protoc_insertion_point(module_scope)

@@ -20,6 +20,20 @@ REASON_UNBOUND: Reason
 REASON_INSTANCE_DELETED: Reason
 REASON_INSTANCE_ABSENT: Reason
 
+class LeaseRequest(_message.Message):
+    __slots__ = ("node",)
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    def __init__(self, node: _Optional[str] = ...) -> None: ...
+
+class LeaseReply(_message.Message):
+    __slots__ = ("lease_ms", "arbiter_epoch")
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    ARBITER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    lease_ms: int
+    arbiter_epoch: int
+    def __init__(self, lease_ms: _Optional[int] = ..., arbiter_epoch: _Optional[int] = ...) -> None: ...
+
 class ProposeRequest(_message.Message):
     __slots__ = ("group", "queue", "node", "id")
     GROUP_FIELD_NUMBER: _ClassVar[int]

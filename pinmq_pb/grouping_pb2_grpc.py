@@ -64,6 +64,11 @@ class GroupingHandlerStub:
                 request_serializer=pinmq__pb_dot_grouping__pb2.UnbindRequest.SerializeToString,
                 response_deserializer=pinmq__pb_dot_grouping__pb2.UnbindReply.FromString,
                 _registered_method=True)
+        self.Lease = channel.unary_unary(
+                '/pinmq.grouping.v1.GroupingHandler/Lease',
+                request_serializer=pinmq__pb_dot_grouping__pb2.LeaseRequest.SerializeToString,
+                response_deserializer=pinmq__pb_dot_grouping__pb2.LeaseReply.FromString,
+                _registered_method=True)
 
 
 class GroupingHandlerServicer:
@@ -118,6 +123,15 @@ class GroupingHandlerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Lease(self, request, context):
+        """A lease for the calling node: while it holds (lease_ms from when the caller sent the
+        request), the caller may deliver grouped messages and the LOCAL node moves none of its
+        groups. lease_ms 0: leases are off (no rebind-absent-after), deliver without one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GroupingHandlerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -150,6 +164,11 @@ def add_GroupingHandlerServicer_to_server(servicer, server):
                     servicer.Unbind,
                     request_deserializer=pinmq__pb_dot_grouping__pb2.UnbindRequest.FromString,
                     response_serializer=pinmq__pb_dot_grouping__pb2.UnbindReply.SerializeToString,
+            ),
+            'Lease': grpc.unary_unary_rpc_method_handler(
+                    servicer.Lease,
+                    request_deserializer=pinmq__pb_dot_grouping__pb2.LeaseRequest.FromString,
+                    response_serializer=pinmq__pb_dot_grouping__pb2.LeaseReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -314,6 +333,33 @@ class GroupingHandler:
             '/pinmq.grouping.v1.GroupingHandler/Unbind',
             pinmq__pb_dot_grouping__pb2.UnbindRequest.SerializeToString,
             pinmq__pb_dot_grouping__pb2.UnbindReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Lease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pinmq.grouping.v1.GroupingHandler/Lease',
+            pinmq__pb_dot_grouping__pb2.LeaseRequest.SerializeToString,
+            pinmq__pb_dot_grouping__pb2.LeaseReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -23,6 +23,7 @@ import yaml
 from conftest import NodeProcess
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ports import reserve_port
+from tcp_proxy import Proxy
 from waiting import wait
 
 from broker.client import Client, Consumer, Received
@@ -43,8 +44,10 @@ def grouping(
     reaper_period: int = 30000,
     rebind_absent_after: int = -1,
     extra: Mapping[str, Any] | None = None,
+    **more: Any,
 ) -> dict[str, dict[str, Any]]:
-    """A spec: the first node LOCAL, the others REMOTE, the same grouping settings everywhere."""
+    """A spec: the first node LOCAL, the others REMOTE, the same grouping settings everywhere
+    (`more`: further grouping-handler keys, snake_case for kebab-case)."""
     spec: dict[str, dict[str, Any]] = {}
     for i, node_id in enumerate(node_ids):
         spec[node_id] = {
@@ -54,6 +57,7 @@ def grouping(
                 "group-timeout": group_timeout,
                 "reaper-period": reaper_period,
                 "rebind-absent-after": rebind_absent_after,
+                **{key.replace("_", "-"): value for key, value in more.items()},
             },
             **(extra or {}),
         }
@@ -61,20 +65,35 @@ def grouping(
 
 
 class ClusterNodes:
-    """Node processes that list each other as connectors; `spec`: node id -> extra config."""
+    """Node processes that list each other as connectors; `spec`: node id -> extra config.
 
-    def __init__(self, workdir: Path, spec: Mapping[str, Mapping[str, Any]]) -> None:
+    `separable`: a node whose cluster links all pass through proxies (tests/tcp_proxy.py), so
+    `cut_off` can separate it from the others while it and its clients go on. Every node then
+    announces its own proxy, so an address learnt by gossip is cut too; the other nodes dial
+    each other directly, and those links stay up.
+    """
+
+    def __init__(
+        self, workdir: Path, spec: Mapping[str, Mapping[str, Any]], separable: str | None = None
+    ) -> None:
         self.cluster_addr = {node_id: f"127.0.0.1:{reserve_port()}" for node_id in spec}
+        self.proxies = {n: Proxy(a) for n, a in self.cluster_addr.items()} if separable else {}
         self.nodes: dict[str, NodeProcess] = {}
         for node_id, extra in spec.items():
             node_dir = workdir / node_id
             node_dir.mkdir()
-            peers = [a for n, a in self.cluster_addr.items() if n != node_id]
+            peers = [
+                self.proxies[n].address if separable in (n, node_id) else a
+                for n, a in self.cluster_addr.items()
+                if n != node_id
+            ]
             config: dict[str, Any] = {
                 "node": {"id": node_id},
                 "listen": {"cluster": self.cluster_addr[node_id]},
                 "cluster": {"connectors": peers, "reconnect-interval": 100},
             }
+            if separable:
+                config["cluster"]["advertise"] = self.proxies[node_id].address
             for key, value in extra.items():
                 config[key] = {**config.get(key, {}), **value}
             self.nodes[node_id] = NodeProcess(node_dir, config)
@@ -104,8 +123,19 @@ class ClusterNodes:
         self.nodes[node_id].stop(sig)
 
     def kill_all(self) -> None:
+        """Kill every node, and close the proxies (the end of a test)."""
         for node in self.nodes.values():
             node.kill()
+        for proxy in self.proxies.values():
+            proxy.close()
+
+    def cut_off(self, cut: bool = True) -> None:
+        """Separate the `separable` node from the others (False: join it again)."""
+        for proxy in self.proxies.values():
+            if cut:
+                proxy.cut()
+            else:
+                proxy.heal()
 
     def running(self) -> list[str]:
         return [n for n, p in self.nodes.items() if p.proc is not None and p.proc.poll() is None]

@@ -33,6 +33,7 @@ from broker.client import Client, PinmqError, Producer
 pytestmark = pytest.mark.slow  # each drill ends with a Spark check: a minute or more
 
 TIMEOUT_MS = 500  # the grouping handler's decision timeout
+LEASE_MS = 1500  # a REMOTE node's lease, with rebind-absent-after
 GROUPS = 24
 PER_GROUP = 30  # messages per group: half before the kill, half while the node is away
 WAIT_S = 60.0
@@ -45,8 +46,9 @@ def drill(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Drill]:
     marker = request.node.get_closest_marker("grouping")
     settings = marker.kwargs if marker is not None else {}
     spec = grouping(NODES, timeout=TIMEOUT_MS, extra=audit, **settings)
+    separable = request.node.get_closest_marker("separable")
     (tmp_path / "nodes").mkdir()
-    nodes = ClusterNodes(tmp_path / "nodes", spec)
+    nodes = ClusterNodes(tmp_path / "nodes", spec, separable.args[0] if separable else None)
     try:
         nodes.start()
         yield Drill(nodes, tmp_path / "history")
@@ -81,13 +83,18 @@ class Drill:
         worker.task = asyncio.create_task(worker.run(client, self.queue, self.drain))
         return worker
 
-    async def kill_holding(self, node_id: str) -> int:
-        """Kill a node (-9) once its worker holds HOLD unacked deliveries (its stream ends);
-        when it was killed (ns)."""
+    async def holding(self, node_id: str) -> Worker:
+        """Its worker, once it holds HOLD unacked deliveries."""
         worker = self.workers[f"worker-{node_id}"]
         async with asyncio.timeout(WAIT_S):
             while len(worker.held) < HOLD:
                 await asyncio.sleep(0.02)
+        return worker
+
+    async def kill_holding(self, node_id: str) -> int:
+        """Kill a node (-9) once its worker holds HOLD unacked deliveries (its stream ends);
+        when it was killed (ns)."""
+        worker = await self.holding(node_id)
         killed = time.time_ns()
         self.nodes.stop(node_id, signal.SIGKILL)
         with pytest.raises(PinmqError):
@@ -262,6 +269,49 @@ async def test_with_rebind_absent_after_a_returning_node_moves_its_groups_to_the
     assert not back.acked and not back.held
     report = (tmp_path / "report" / "report.html").read_text()
     assert "moved" in report and "instance-absent" in report
+
+
+@pytest.mark.grouping(rebind_absent_after=TIMEOUT_MS, lease=LEASE_MS, lease_margin=LEASE_MS // 3)
+@pytest.mark.separable("n3")
+async def test_with_rebind_absent_after_a_node_cut_off_alive_delivers_nothing_bound_elsewhere(
+    drill: Drill, tmp_path: Path
+) -> None:
+    """The opt-in trade under a partition: n3 is cut off from n1 and n2 while it and its
+    consumers go on. Its lease from the arbiter (n1) lapses, so it takes back what its consumer
+    held and holds its groups; only after that lease has certainly run out does n1 bind them
+    elsewhere. n3 delivers nothing more of them, although a consumer of it is subscribed
+    throughout; once joined again, what it held follows the groups, audited as `moved`."""
+    nodes = drill.nodes
+    await drill.start()
+    try:
+        await drill.send(range(PER_GROUP // 3), keep=True)
+        first = await drill.holding("n3")
+        nodes.cut_off()
+        async with asyncio.timeout(WAIT_S):
+            with pytest.raises(PinmqError):  # n3 ended its stream: those deliveries are void
+                await first.task  # type: ignore[misc]
+        cut = await drill.start_worker("n3", "worker-n3-cut")  # n3 still serves its clients
+        await drill.send(range(PER_GROUP // 3, PER_GROUP // 2), keep=True)  # wait for n3
+        await drill.unbound_from("n3")  # the arbiter took n3's bindings away while it is alive
+        await drill.send(range(PER_GROUP // 2, PER_GROUP), keep=True)  # bound on n1 / n2 now
+        assert len(drill.confirmed) == GROUPS * PER_GROUP
+        nodes.cut_off(False)
+        await asyncio.to_thread(nodes.wait_linked)
+        drill.drain.set()
+        await drill.all_acked()
+    finally:
+        await drill.close()
+    stats = await drill.verdict(tmp_path / "report")
+    # n3's consumer got nothing while cut off, nor after: every group it had moved on.
+    assert not cut.acked and not cut.held
+    moved = stats["moved"]
+    assert moved["messages"] >= HOLD and moved["delivered_before"] >= HOLD, moved
+    removed = [c for c in stats["binding_changes"] if c["kind"] == "unbound"]
+    assert {(c["target"].rpartition("@")[2], c["reason"]) for c in removed} == {
+        ("n3", "instance-absent")
+    }, removed
+    log = nodes.nodes["n3"].log()
+    assert "grouping lease lapsed" in log and "grouping lease held again" in log
 
 
 async def test_a_remote_node_frozen_for_10_s_under_load_breaks_no_group(

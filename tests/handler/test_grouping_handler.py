@@ -153,7 +153,11 @@ async def test_with_an_absent_timeout_bindings_to_instances_that_do_not_return_a
     await first.stop()
 
     handler = LocalHandler(
-        section(timeout=300, reaper_period=60_000, rebind_absent_after=300), "n1", tmp_path
+        section(
+            timeout=300, reaper_period=60_000, rebind_absent_after=300, lease=100, lease_margin=0
+        ),
+        "n1",
+        tmp_path,
     )
     removed: list[tuple[Binding, RemovalReason]] = []
     handler.on_removed(lambda b, r: removed.append((b, r)))
@@ -195,7 +199,11 @@ async def test_topology_snapshots_mark_instances_present_absent_or_deleted(
     await first.stop()
 
     handler = LocalHandler(
-        section(timeout=200, reaper_period=60_000, rebind_absent_after=200), "n1", tmp_path
+        section(
+            timeout=200, reaper_period=60_000, rebind_absent_after=200, lease=100, lease_margin=0
+        ),
+        "n1",
+        tmp_path,
     )
     removed: list[tuple[Binding, RemovalReason]] = []
     handler.on_removed(lambda b, r: removed.append((b, r)))

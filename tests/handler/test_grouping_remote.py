@@ -349,10 +349,12 @@ async def test_a_remote_that_unbinds_a_group_asks_again_before_its_removal_arriv
     tmp_path: Path,
 ) -> None:
     # The removals stream is not subscribed (never started): only unbind's own answer can
-    # make the next decision of the group on this node ask the LOCAL node again.
+    # make the next decision of the group on this node ask the LOCAL node again. Nor does
+    # its lease keeper run: one call learns that leases are off.
     async with local_node(tmp_path) as local:
         remote = RemoteHandler(lambda: local.address, section("REMOTE"), "n2")
         try:
+            await remote.lease.renew()
             assert await remote.decide("g1", "orders", "n2") == Binding("g1", "orders", "n2", 1)
             await remote.decide("g1", "invoices", "n2")
             assert await remote.unbind("g1", "orders") == 1

@@ -230,6 +230,10 @@ async def test_links_the_grouping_handler_and_store_and_forward_of_a_cluster(
         s1.value("pinmq_grouping_timeouts_total") == s2.value("pinmq_grouping_timeouts_total") == 0
     )
     assert s2.labels("pinmq_grouping_bindings") == []  # a REMOTE node holds none
+    # No rebind-absent-after: leases are off, the REMOTE node delivers without one.
+    assert s2.value("pinmq_grouping_lease_held") == 1
+    assert s2.value("pinmq_grouping_lease_lapses_total") == 0
+    assert s1.labels("pinmq_grouping_lease_held") == []
     commits = s2.value("pinmq_store_commit_seconds_count")
     assert commits > 0 and s2.value("pinmq_store_commit_operations_count") == commits
     assert s2.value("pinmq_store_commit_seconds_bucket", le="+Inf") == commits
