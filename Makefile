@@ -10,7 +10,7 @@ COMPOSE_PLUGIN := $(DOCKER_CONFIG)/cli-plugins/docker-compose
 # The image docker-compose.yml runs and deploy/build-image.sh builds.
 export PINMQ_IMAGE ?= pinmq:latest
 
-.PHONY: up down up-docker down-docker up-local down-local image clean-data standalone test \
+.PHONY: up down up-docker down-docker up-ha-all down-ha-all up-local down-local image clean-data standalone test \
 	prerequisites lint proto bench bench-compare sim clean secrets
 
 $(STAMP): pyproject.toml
@@ -56,6 +56,16 @@ up-docker: $(COMPOSE_PLUGIN) secrets
 
 down-docker: $(COMPOSE_PLUGIN)
 	docker compose down
+
+# Every node as a pair (docker-compose.ha-all.yml over docker-compose.yml): six containers.
+HA_ALL := COMPOSE_FILE=docker-compose.yml:docker-compose.ha-all.yml
+up-ha-all: $(COMPOSE_PLUGIN) secrets
+	@docker image inspect $(PINMQ_IMAGE) >/dev/null 2>&1 || deploy/build-image.sh $(BIN)/python
+	$(HA_ALL) docker compose up -d --wait
+	@$(HA_ALL) $(BIN)/python deploy/endpoints.py $(SECRETS)
+
+down-ha-all: $(COMPOSE_PLUGIN)
+	$(HA_ALL) docker compose down
 
 up-local: $(STAMP) secrets
 	$(BIN)/pinmq up deploy/node1.yaml deploy/node1-backup.yaml deploy/node2.yaml deploy/node3.yaml

@@ -327,10 +327,11 @@ class AuditSection(Strict):
 
 
 class HaSection(Strict):
-    """The LOCAL node as a pair of processes: a primary and its replicated backup.
+    """A node as a pair of processes: a primary and its replicated backup.
 
-    Both have `grouping-handler` type LOCAL and a `cluster` section. The backup follows the
-    primary's stores over `listen.cluster` (cluster/replication.py) and serves no clients.
+    Both have a `cluster` section and the same `grouping-handler` type (LOCAL or REMOTE). The
+    backup follows the primary's stores over `listen.cluster` (cluster/replication.py) and
+    serves no clients.
     """
 
     role: Literal["primary", "backup"]
@@ -429,14 +430,12 @@ class NodeConfig(Strict):
         return value
 
     @model_validator(mode="after")
-    def _ha_needs_the_local_handler(self) -> NodeConfig:
-        handler = self.grouping_handler
-        local = self.cluster is not None and handler is not None and handler.type == "LOCAL"
-        if self.ha is not None and not local:
+    def _ha_needs_a_cluster(self) -> NodeConfig:
+        if self.ha is not None and self.cluster is None:
             raise PydanticCustomError(
                 "pinmq",
-                "ha: only the LOCAL node has a primary and a backup; both need a cluster "
-                "section and grouping-handler type LOCAL",
+                "ha: a pair's processes need a cluster section: they reach each other and "
+                "the nodes that vote between them over listen.cluster",
             )
         return self
 

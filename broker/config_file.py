@@ -26,20 +26,33 @@ class ConfigError(Exception):
         self.problems = problems
 
 
-def load_config(path: str | Path) -> NodeConfig:
-    """Read and validate a YAML config file."""
+def load_config(path: str | Path, *overlays: str | Path) -> NodeConfig:
+    """Read and validate a YAML config file, with `overlays` on top: each later file's keys
+    override the earlier ones' (mappings are merged key by key, any other value replaced), so
+    a deployment writes only what differs (a backup's id and ha section, say)."""
+    paths = [path, *overlays]
+    data: dict[str, Any] = {}
+    for each in paths:
+        data = _merged(data, _mapping(_read(each), str(each)))
+    return _validated(data, " + ".join(map(str, paths)))
+
+
+def parse_config(text: str, source: str) -> NodeConfig:
+    """Validate YAML text; `source` names it (usually the file path) in error messages."""
+    return _validated(_mapping(text, source), source)
+
+
+def _read(path: str | Path) -> str:
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        return Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError([f"{path}: config file not found"]) from None
     except (OSError, UnicodeDecodeError) as err:
         reason = err.strerror if isinstance(err, OSError) else "not UTF-8 text"
         raise ConfigError([f"{path}: cannot read config file: {reason}"]) from None
-    return parse_config(text, str(path))
 
 
-def parse_config(text: str, source: str) -> NodeConfig:
-    """Validate YAML text; `source` names it (usually the file path) in error messages."""
+def _mapping(text: str, source: str) -> dict[str, Any]:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
@@ -47,6 +60,19 @@ def parse_config(text: str, source: str) -> NodeConfig:
     if not isinstance(data, dict):
         got = "an empty document" if data is None else _show(data)
         raise ConfigError([f"{source}: got {got}, expected a mapping at the top level"])
+    return data
+
+
+def _merged(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in top.items():
+        below = merged.get(key)
+        both = isinstance(below, dict) and isinstance(value, dict)
+        merged[key] = _merged(below, value) if both else value  # type: ignore[arg-type]
+    return merged
+
+
+def _validated(data: dict[str, Any], source: str) -> NodeConfig:
     try:
         return NodeConfig.model_validate(data)
     except ValidationError as err:

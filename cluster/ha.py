@@ -296,7 +296,7 @@ class PairShell:
         message = from_pb(envelope)
         if message is None:
             return []
-        if self.logical is None and not self.primary:
+        if self.logical is None and not self.primary and envelope.to_peer:
             self.logical = envelope.logical  # the backup learns whom it backs up
             self.member.peer = envelope.logical
             self._persist(force=True)
@@ -309,9 +309,15 @@ class PairShell:
         assert self.logical is not None
         return [self._envelope(s.message) for s in back]
 
-    def _envelope(self, message: Message) -> pb.FailoverEnvelope:
+    def _envelope(self, message: Message, to_peer: bool = False) -> pb.FailoverEnvelope:
         assert self.logical is not None
-        return to_pb(self.logical, message, self.timing.failure_timeout)
+        return to_pb(self.logical, message, self.timing.failure_timeout, to_peer)
+
+    def hears(self, envelope: pb.FailoverEnvelope) -> bool:
+        """Is `envelope` for this pair member (else for the voter in the same process)?"""
+        if self.logical is None:
+            return envelope.to_peer and not self.primary
+        return envelope.logical == self.logical
 
     def _handle(self, sends: list[Send]) -> None:
         self._persist()
@@ -347,7 +353,7 @@ class PairShell:
         timeout = self.timing.answer_within(send.message) / 1000
         try:
             answer = await pb_grpc.ClusterStub(channel).Failover(
-                self._envelope(send.message), timeout=timeout
+                self._envelope(send.message, send.to == self.member.peer), timeout=timeout
             )
         except aio.AioRpcError:
             return  # lost, like any message: heartbeats repeat, votes time out
@@ -412,15 +418,20 @@ def known_pairs(
 
 
 class PassiveService(pb_grpc.ClusterServicer):
-    """What a pair process that does not serve answers on listen.cluster: failover only."""
+    """What a pair process that does not serve answers on listen.cluster: failover only, its
+    own pair's and, as a voter, other pairs' (where every node is a pair, the passive
+    processes are half the voters)."""
 
-    def __init__(self, shell: PairShell) -> None:
+    def __init__(self, shell: PairShell, voters: VoterRegistry) -> None:
         self.shell = shell
+        self.voters = voters
 
     async def Failover(
         self, request: pb.FailoverEnvelope, context: aio.ServicerContext
     ) -> pb.FailoverReplies:
-        return pb.FailoverReplies(replies=self.shell.receive(request))
+        if self.shell.hears(request):
+            return pb.FailoverReplies(replies=self.shell.receive(request))
+        return pb.FailoverReplies(replies=self.voters.receive(request))
 
     async def Gossip(self, request_iterator: Any, context: aio.ServicerContext) -> None:
         await context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.shell.name} is passive")

@@ -26,7 +26,9 @@ _WIRE: dict[type, tuple[str, Any]] = {
 _MESSAGES = {name: cls for cls, (name, _) in _WIRE.items()}
 
 
-def to_pb(logical: str, message: Message, failure_timeout_ms: int = 0) -> pb.FailoverEnvelope:
+def to_pb(
+    logical: str, message: Message, failure_timeout_ms: int = 0, to_peer: bool = False
+) -> pb.FailoverEnvelope:
     name, cls = _WIRE[type(message)]
     values = {f.name: getattr(message, f.name) for f in fields(message)}
     if isinstance(message, VoteReply):
@@ -39,7 +41,10 @@ def to_pb(logical: str, message: Message, failure_timeout_ms: int = 0) -> pb.Fai
             seq=record.seq,
         )
     return pb.FailoverEnvelope(
-        logical=logical, failure_timeout_ms=failure_timeout_ms, **{name: cls(**values)}
+        logical=logical,
+        failure_timeout_ms=failure_timeout_ms,
+        to_peer=to_peer,
+        **{name: cls(**values)},
     )
 
 

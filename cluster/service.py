@@ -91,6 +91,6 @@ class ClusterService(pb_grpc.ClusterServicer):
         self, request: pb.FailoverEnvelope, context: aio.ServicerContext
     ) -> pb.FailoverReplies:
         pair = self.cluster.pair
-        if pair is not None and request.logical == pair.logical:
+        if pair is not None and pair.hears(request):
             return pb.FailoverReplies(replies=pair.receive(request))
         return pb.FailoverReplies(replies=self.cluster.voters.receive(request))

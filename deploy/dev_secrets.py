@@ -31,7 +31,7 @@ from pathlib import Path
 
 from broker.atomic_file import write_atomically
 
-NODES = ("node1", "node1-backup", "node2", "node3")
+NODES = ("node1", "node1-backup", "node2", "node2-backup", "node3", "node3-backup")
 USER = ROLE = "admin"
 USERS_FILE = "users.yaml"
 PASSWORD_FILE = f"{USER}.password"

@@ -21,6 +21,14 @@ ROLES = {
     "node2": "REMOTE",
     "node3": "REMOTE",
 }
+HA_ALL_ROLES = {  # docker-compose.ha-all.yml (make up-ha-all): every node a pair
+    "node1": "LOCAL, ha primary",
+    "node1-backup": "its backup",
+    "node2": "REMOTE, ha primary",
+    "node2-backup": "its backup",
+    "node3": "REMOTE, ha primary",
+    "node3-backup": "its backup",
+}
 PORTS = {"client": 7601, "stomp": 61613, "http": 8161}  # in every container
 
 
@@ -49,7 +57,8 @@ def published() -> dict[str, dict[str, str]]:
 def main(argv: list[str]) -> int:
     secrets = Path(argv[1] if len(argv) > 1 else "secrets")  # deploy/dev_secrets.py's
     endpoints = published()
-    missing = sorted(set(ROLES) - endpoints.keys())
+    roles = HA_ALL_ROLES if "node2-backup" in endpoints else ROLES
+    missing = sorted(set(roles) - endpoints.keys())
     if missing:
         print(f"not running: {', '.join(missing)} (docker compose ps)", file=sys.stderr)
         return 1
@@ -59,7 +68,7 @@ def main(argv: list[str]) -> int:
     status = subprocess.run(
         [pinmq, "status", "--cluster", "--url", endpoints["node2"]["client"], *access]
     )
-    for name, role in ROLES.items():
+    for name, role in roles.items():
         e = endpoints[name]
         print(
             f"{name:<13} client {e['client']:<16} stomp {e['stomp']:<16} "

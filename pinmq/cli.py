@@ -28,7 +28,13 @@ def _parser() -> argparse.ArgumentParser:
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="COMMAND")
 
     node = verbs.add_parser("node", help="run a broker node in the foreground")
-    node.add_argument("--config", required=True, metavar="FILE", help="node YAML config")
+    node.add_argument(
+        "--config",
+        required=True,
+        action="append",
+        metavar="FILE",
+        help="node YAML config; again for an overlay whose keys override the earlier files'",
+    )
 
     up = verbs.add_parser("up", help="start nodes in the background and wait until healthy")
     up.add_argument("configs", nargs="+", metavar="CONFIG", help="node YAML configs")
@@ -304,11 +310,11 @@ def _header(text: str) -> tuple[str, str]:
     return key, value
 
 
-def _run_node(config_path: str) -> int:
+def _run_node(config_paths: list[str]) -> int:
     from broker.config_file import load_config
     from pinmq.process import run_node
 
-    return run_node(load_config(config_path))
+    return run_node(load_config(*config_paths))
 
 
 def _run_local(args: argparse.Namespace) -> int:

@@ -34,7 +34,7 @@ from cluster.admin import ClusterAdministration
 from cluster.claims import GroupClaims
 from cluster.ha import PairShell, grace_s
 from cluster.member import ClusterMember
-from cluster.replication import Replicator
+from cluster.replication import Replicator, Source
 from cluster.sending import ClusteredSendPath
 from cluster.topology import Topology
 from handler.api import Binding, GroupingHandler, RemovalReason
@@ -223,14 +223,12 @@ class Node:
         """The handler starts first, so its gRPC service answers as soon as listen.cluster does."""
         cluster, handler = self.cluster, self.handler
         assert cluster is not None
-        replicator = None
         if handler is not None:
             try:
                 await handler.start()
             except BindingStoreError as err:
                 await self.stop(0)
                 raise StartupError(str(err)) from None
-            replicator = self._replicator(handler)
             handler.on_removed(self._binding_removed)
             if self.claims is not None:
                 handler.on_removed(self.claims.removed)
@@ -243,19 +241,23 @@ class Node:
         cluster.on_instances_changed(self._topology_changed)
         self._cluster_started = time.monotonic()
         try:
-            await cluster.start(self.claims, replicator)
+            await cluster.start(self.claims, self._replicator(handler))
         except OSError as err:
             await self.stop(0)
             raise StartupError(str(err)) from None
 
-    def _replicator(self, handler: GroupingHandler) -> Replicator | None:
-        """ha, the active process: every write of the store and the bindings goes to the
-        backup too, and only while this process holds the node (`PairShell` is the gate)."""
-        ha, pair, bindings = self.config.ha, self.pair, handler.bindings_store
-        if ha is None or pair is None or bindings is None:  # no bindings file: REMOTE
+    def _replicator(self, handler: GroupingHandler | None) -> Replicator | None:
+        """ha, the active process: every write of the store (and of the bindings, LOCAL) goes
+        to the backup too, and only while this process holds the node (`PairShell` is the
+        gate)."""
+        ha, pair = self.config.ha, self.pair
+        if ha is None or pair is None:
             return None
         store = self.engine.store
-        sources = {"store": store, "bindings": bindings}
+        sources: dict[str, Source] = {"store": store}
+        bindings = handler.bindings_store if handler is not None else None
+        if bindings is not None:
+            sources["bindings"] = bindings
         return Replicator(self.config.node.id, sources, ha.failure_timeout, pair, store.commit_ns)
 
     async def _redistribute_loop(self, clustered: ClusteredSendPath) -> None:

@@ -28,7 +28,7 @@ from broker.readiness import Readiness
 from broker.users import UsersFileError
 from cluster.connector import SERVER_OPTIONS
 from cluster.failover_states import Role
-from cluster.ha import PairShell, PassiveService
+from cluster.ha import PairShell, PassiveService, VoterRegistry
 from cluster.node_certificates import cluster_server
 from cluster.replica import Follower, recover
 from pinmq.console import Console, ConsoleSources
@@ -164,7 +164,9 @@ class PairProcess:
             # As the active process's listener: peers' keepalive pings permitted (else a
             # GOAWAY too_many_pings every few seconds), the port not shared.
             server = cluster_server(self.shell.tls, SERVER_OPTIONS)
-            pb_grpc.add_ClusterServicer_to_server(PassiveService(self.shell), server)
+            pb_grpc.add_ClusterServicer_to_server(
+                PassiveService(self.shell, VoterRegistry(self.data_dir)), server
+            )
             # Mutual TLS, as on the active process's listener: only the cluster's own nodes.
             channels.listen(server, self.config.listen.cluster, self.shell.tls, client_cert=True)
             await server.start()

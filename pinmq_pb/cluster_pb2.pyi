@@ -218,9 +218,10 @@ class ReplicatedOps(_message.Message):
     def __init__(self, ops: _Optional[_Iterable[_Union[ReplicatedOp, _Mapping]]] = ...) -> None: ...
 
 class FailoverEnvelope(_message.Message):
-    __slots__ = ("logical", "failure_timeout_ms", "heartbeat", "heartbeat_reply", "vote_request", "vote_reply", "handover")
+    __slots__ = ("logical", "failure_timeout_ms", "to_peer", "heartbeat", "heartbeat_reply", "vote_request", "vote_reply", "handover")
     LOGICAL_FIELD_NUMBER: _ClassVar[int]
     FAILURE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    TO_PEER_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_REPLY_FIELD_NUMBER: _ClassVar[int]
     VOTE_REQUEST_FIELD_NUMBER: _ClassVar[int]
@@ -228,12 +229,13 @@ class FailoverEnvelope(_message.Message):
     HANDOVER_FIELD_NUMBER: _ClassVar[int]
     logical: str
     failure_timeout_ms: int
+    to_peer: bool
     heartbeat: HaHeartbeat
     heartbeat_reply: HaHeartbeatReply
     vote_request: HaVoteRequest
     vote_reply: HaVoteReply
     handover: HaHandover
-    def __init__(self, logical: _Optional[str] = ..., failure_timeout_ms: _Optional[int] = ..., heartbeat: _Optional[_Union[HaHeartbeat, _Mapping]] = ..., heartbeat_reply: _Optional[_Union[HaHeartbeatReply, _Mapping]] = ..., vote_request: _Optional[_Union[HaVoteRequest, _Mapping]] = ..., vote_reply: _Optional[_Union[HaVoteReply, _Mapping]] = ..., handover: _Optional[_Union[HaHandover, _Mapping]] = ...) -> None: ...
+    def __init__(self, logical: _Optional[str] = ..., failure_timeout_ms: _Optional[int] = ..., to_peer: _Optional[bool] = ..., heartbeat: _Optional[_Union[HaHeartbeat, _Mapping]] = ..., heartbeat_reply: _Optional[_Union[HaHeartbeatReply, _Mapping]] = ..., vote_request: _Optional[_Union[HaVoteRequest, _Mapping]] = ..., vote_reply: _Optional[_Union[HaVoteReply, _Mapping]] = ..., handover: _Optional[_Union[HaHandover, _Mapping]] = ...) -> None: ...
 
 class FailoverReplies(_message.Message):
     __slots__ = ("replies",)

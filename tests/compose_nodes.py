@@ -153,6 +153,10 @@ class ComposeCluster:
         return f"{self.client_url('node1')},{self.client_url('node1-backup')}"
 
     @property
+    def others(self) -> tuple[str, ...]:
+        return ("node2", "node3")
+
+    @property
     def stomp_pair(self) -> list[tuple[str, int]]:
         return [("127.0.0.1", self.ports[name][1]) for name in ("node1", "node1-backup")]
 

@@ -298,8 +298,12 @@ class Cluster(Protocol):
     def stomp_pair(self) -> list[tuple[str, int]]:
         """The pair's STOMP host list."""
 
+    @property
+    def others(self) -> tuple[str, ...]:
+        """The nodes that are not the pair (node2 and node3 where node1 is the pair)."""
+
     def client_url(self, name: str) -> str:
-        """node2's or node3's client address."""
+        """The client address of one of `others`."""
 
     def stop_audited(self) -> dict[str, Path]:
         """Stop every node cleanly (each writes its audit tail); their audit directories."""
@@ -344,13 +348,14 @@ class HaLoad:
 
     async def start(self) -> None:
         """The queue everywhere, then every consumer."""
-        for url in (self.ha.pair_url, self.ha.client_url("node2"), self.ha.client_url("node3")):
+        others = self.ha.others
+        for url in (self.ha.pair_url, *map(self.ha.client_url, others)):
             async with self.access.client(url) as client:
                 with contextlib.suppress(AlreadyExists):  # configured statically (compose)
                     await client.create_queue(QUEUE)
         await self.add_worker("py-pair", self.ha.pair_url)
-        await self.add_worker("py-node2", self.ha.client_url("node2"))
-        await self.add_worker("py-node3", self.ha.client_url("node3"))
+        for name in others:
+            await self.add_worker(f"py-{name}", self.ha.client_url(name))
         self.stomp_consumer.thread.start()
 
     async def add_worker(self, name: str, url: str) -> Worker:
@@ -363,15 +368,17 @@ class HaLoad:
         self.workers.append(worker)
         return worker
 
-    async def send(self, turns: range, pause_s: float = 0.01, remote: str = "node2") -> None:
+    async def send(self, turns: range, pause_s: float = 0.01, remote: str | None = None) -> None:
         """Every group's messages of `turns`, the groups concurrently, one at a time each; the
-        odd Python groups through `remote` (a REMOTE node).
+        odd Python groups through `remote` (a node that is not the pair; the first of them).
 
         A Python send that fails for good ends its group's part (what was confirmed counts).
         """
 
+        others = self.ha.others
+
         async def python_group(g: int) -> None:
-            url = self.ha.pair_url if g % 2 == 0 else self.ha.client_url(remote)
+            url = self.ha.pair_url if g % 2 == 0 else self.ha.client_url(remote or others[0])
             name = f"py-g{g:02d}-{turns.start}"
             client = self.access.client(url, audit=self.clients_dir, audit_name=name)
             await connected(client)

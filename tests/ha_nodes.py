@@ -1,7 +1,7 @@
-"""The LOCAL node as a pair of real processes, with two REMOTE nodes that vote: the HA drills'
-cluster. node1 (ha primary) and node1-backup list node2 and node3 as connectors; node2 and
-node3 list each other and both processes of the pair. Every wait is bounded and none asserts
-on timing.
+"""A node as a pair of real processes, with the two other nodes, which vote: the HA drills'
+cluster. node1 (ha primary) and node1-backup (or node2 and node2-backup) list the other two
+nodes as connectors; those list each other and both processes of the pair. Every wait is
+bounded and none asserts on timing.
 """
 
 from __future__ import annotations
@@ -69,7 +69,9 @@ def ha_detail(node: NodeProcess, key: str) -> Any:
 class HaCluster:
     """`extra`: more top-level config sections for every process (e.g. `audit`). With
     `proxied`, everything between the pair's two processes goes through test proxies
-    (`cut_pair`), while both still reach node2 and node3 directly."""
+    (`cut_pair`), while both still reach the other nodes directly. `paired`: the node that
+    runs as a pair, node1 (LOCAL, by default) or a REMOTE one, node2; node1 is LOCAL either
+    way, and the two nodes that are not paired (`others`) vote between the pair's processes."""
 
     def __init__(
         self,
@@ -77,45 +79,50 @@ class HaCluster:
         ha: dict[str, Any] | None = None,
         proxied: bool = False,
         extra: dict[str, Any] | None = None,
+        paired: str = PRIMARY,
     ) -> None:
-        names = (PRIMARY, BACKUP, "node2", "node3")
+        self.primary_name, self.backup_name = primary, backup = paired, f"{paired}-backup"
+        self.others = tuple(n for n in (PRIMARY, "node2", "node3") if n != paired)
+        names = (primary, backup, *self.others)
         self.cluster = {n: f"127.0.0.1:{reserve_port()}" for n in names}
         c = self.cluster
-        self.proxies = [Proxy(c[PRIMARY]), Proxy(c[BACKUP])] if proxied else []
-        to_primary = self.proxies[0].address if proxied else c[PRIMARY]
+        self.proxies = [Proxy(c[primary]), Proxy(c[backup])] if proxied else []
+        to_primary = self.proxies[0].address if proxied else c[primary]
         backup_ha = {"role": "backup", "primary": to_primary, **(ha or {})}
         if proxied:
             backup_ha["advertise"] = self.proxies[1].address
+        first, second = self.others
         connectors = {
-            PRIMARY: [c["node2"], c["node3"]],
-            BACKUP: [c["node2"], c["node3"]],
-            "node2": [c[PRIMARY], c[BACKUP], c["node3"]],
-            "node3": [c[PRIMARY], c[BACKUP], c["node2"]],
+            primary: [c[first], c[second]],
+            backup: [c[first], c[second]],
+            first: [c[primary], c[backup], c[second]],
+            second: [c[primary], c[backup], c[first]],
         }
         self.nodes: dict[str, NodeProcess] = {}
         for name in names:
             node_dir = workdir / name
             node_dir.mkdir()
+            logical = paired if name == backup else name
             config: dict[str, Any] = {
                 "node": {"id": name},
                 "listen": {"cluster": c[name]},
                 "cluster": {"connectors": connectors[name], "reconnect-interval": 100},
-                "grouping-handler": {"type": "LOCAL" if name in (PRIMARY, BACKUP) else "REMOTE"},
+                "grouping-handler": {"type": "LOCAL" if logical == PRIMARY else "REMOTE"},
             }
             config.update(extra or {})
-            if name == PRIMARY:
+            if name == primary:
                 config["ha"] = {"role": "primary", **(ha or {})}
-            elif name == BACKUP:
+            elif name == backup:
                 config["ha"] = backup_ha
             self.nodes[name] = NodeProcess(node_dir, config)
 
     @property
     def primary(self) -> NodeProcess:
-        return self.nodes[PRIMARY]
+        return self.nodes[self.primary_name]
 
     @property
     def backup(self) -> NodeProcess:
-        return self.nodes[BACKUP]
+        return self.nodes[self.backup_name]
 
     @property
     def pair_url(self) -> str:
@@ -140,9 +147,9 @@ class HaCluster:
         try:
             for node in self.nodes.values():
                 node.start(wait=False)
-            for name in ("node2", "node3"):
+            for name in self.others:
                 self.nodes[name].wait_serving()
-            wait("node1 serves", lambda: serving(self.primary))
+            wait(f"{self.primary_name} serves", lambda: serving(self.primary))
             self.wait_in_sync(self.primary)
         except BaseException:
             self.kill_all()
@@ -159,13 +166,12 @@ class HaCluster:
         test count on a failover to the backup: the active's own view comes first, and the
         others hear it with its next heartbeat."""
         [(name, _)] = [(n, p) for n, p in self.nodes.items() if p is active]
-        backup = BACKUP if name == PRIMARY else PRIMARY
+        backup = self.backup_name if name == self.primary_name else self.primary_name
         return bool(
             ha_detail(active, "backup_in_sync")
             and ha_detail(self.nodes[backup], "in_sync")
             and all(
-                pair_as_heard(self.nodes[voter]) == (name, backup, True)
-                for voter in ("node2", "node3")
+                pair_as_heard(self.nodes[voter]) == (name, backup, True) for voter in self.others
             )
         )
 

@@ -64,52 +64,6 @@ def test_deploy_examples_match_contract() -> None:
     assert load_config(REPO / "deploy" / "node1.yaml").node == contract.node
 
 
-def test_deploy_cluster_is_consistent() -> None:
-    """One LOCAL node as a primary and its backup; distinct ports and data dirs; the REMOTE
-    nodes reach every other process, the pair reaches the REMOTE nodes (its voters)."""
-    names = ("node1", "node1-backup", "node2", "node3")
-    cfgs = {n: load_config(REPO / "deploy" / f"{n}.yaml") for n in names}
-    handlers = {n: c.grouping_handler.type for n, c in cfgs.items() if c.grouping_handler}
-    assert handlers == {
-        "node1": "LOCAL",
-        "node1-backup": "LOCAL",
-        "node2": "REMOTE",
-        "node3": "REMOTE",
-    }
-    primary, backup = cfgs["node1"].ha, cfgs["node1-backup"].ha
-    assert primary is not None and primary.role == "primary"
-    assert backup is not None and backup.role == "backup"
-    assert backup.primary == cfgs["node1"].listen.cluster
-    ports = [p for c in cfgs.values() for p in c.listeners().values()]
-    assert len(ports) == len(set(ports))
-    assert len({c.node.data_dir for c in cfgs.values()}) == 4
-    remote = {cfgs[n].listen.cluster for n in ("node2", "node3")}
-    for name, c in cfgs.items():
-        assert c.cluster is not None
-        if c.ha is not None:
-            assert set(c.cluster.connectors) == remote
-        else:
-            others = {o.listen.cluster for n, o in cfgs.items() if n != name}
-            assert set(c.cluster.connectors) == others
-
-
-def test_compose_cluster_is_consistent() -> None:
-    """The containers bind every interface and name their service to peers: every connector,
-    and the backup's primary, is another container's advertised address."""
-    names = ("node1", "node1-backup", "node2", "node3")
-    cfgs = {n: load_config(REPO / "deploy" / "compose" / f"{n}.yaml") for n in names}
-    assert {n: c.cluster_address for n, c in cfgs.items()} == {n: f"{n}:7701" for n in names}
-    assert {c.listen.cluster for c in cfgs.values()} == {"0.0.0.0:7701"}
-    backup = cfgs["node1-backup"]
-    assert backup.ha is not None and backup.ha.primary == "node1:7701"
-    assert backup.pair_address == "node1-backup:7701"
-    for name, c in cfgs.items():
-        assert c.cluster is not None
-        others = {o.cluster_address for n, o in cfgs.items() if n != name}
-        voters = {"node2:7701", "node3:7701"}
-        assert set(c.cluster.connectors) == (voters if c.ha is not None else others)
-
-
 def test_minimal_config_gets_all_defaults() -> None:
     cfg = parse_config("node: {id: n1}", "n1.yaml")
     assert cfg.node.data_dir == Path("data/n1")
@@ -263,6 +217,32 @@ def test_missing_file(tmp_path: Path) -> None:
     assert str(info.value) == f"{missing}: config file not found"
 
 
+def test_an_overlay_overrides_the_keys_it_names_and_merges_mappings(tmp_path: Path) -> None:
+    base, overlay = tmp_path / "node2.yaml", tmp_path / "backup.yaml"
+    base.write_text(
+        "node: {id: node2}\nlisten: {client: 127.0.0.1:7602, cluster: 127.0.0.1:7702}\n"
+        "cluster: {connectors: [127.0.0.1:7701], reconnect-interval: 300}\n"
+        "grouping-handler: {type: REMOTE, timeout: 2000}\n"
+    )
+    overlay.write_text(
+        "node: {id: node2-backup}\nlisten: {client: 127.0.0.1:7612}\n"
+        "cluster: {connectors: [127.0.0.1:7701, 127.0.0.1:7703]}\n"
+        "ha: {role: backup, primary: 127.0.0.1:7702}\n"
+    )
+    cfg = load_config(base, overlay)
+    assert cfg.node.id == "node2-backup"
+    assert (cfg.listen.client, cfg.listen.cluster) == ("127.0.0.1:7612", "127.0.0.1:7702")
+    assert cfg.cluster is not None
+    assert cfg.cluster.connectors == ["127.0.0.1:7701", "127.0.0.1:7703"]  # a list: replaced
+    assert cfg.cluster.reconnect_interval == 300  # kept from the base
+    assert cfg.grouping_handler is not None and cfg.grouping_handler.timeout == 2000
+    assert cfg.ha is not None and cfg.ha.primary == "127.0.0.1:7702"
+    overlay.write_text("ha: {role: leader}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(base, overlay)
+    assert str(info.value).startswith(f"{base} + {overlay}: ha.role: got 'leader'")
+
+
 def test_load_config_names_the_file(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("node: {id: n1}\nlog: {level: loud}\n")
@@ -414,10 +394,12 @@ def test_ha_section_mistakes_are_named(ha: str, expected: str) -> None:
     assert expected in problems
 
 
-def test_ha_only_on_the_local_node() -> None:
-    text = "node: {id: n2}\ncluster: {connectors: []}\ngrouping-handler: {type: REMOTE}\n"
-    assert "only the LOCAL node has a primary and a backup" in error_text(
-        text + "ha: {role: primary}", "n2.yaml"
+def test_any_clustered_node_may_be_a_pair_and_a_standalone_one_may_not() -> None:
+    remote = "node: {id: n2}\ncluster: {connectors: []}\ngrouping-handler: {type: REMOTE}\n"
+    cfg = parse_config(remote + "ha: {role: primary}", "n2.yaml")
+    assert cfg.ha is not None and cfg.ha.role == "primary"
+    assert "a pair's processes need a cluster section" in error_text(
+        "node: {id: n2}\nha: {role: primary}\n", "n2.yaml"
     )
 
 

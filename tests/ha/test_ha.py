@@ -295,6 +295,48 @@ async def test_kill_9_of_a_remote_node_the_pair_carries_on(tmp_path: Path) -> No
         await load.finish(tmp_path / "report")
 
 
+async def test_kill_9_of_a_remote_nodes_primary_under_load_its_backup_takes_over(
+    tmp_path: Path,
+) -> None:
+    """node2, a REMOTE node, runs as a pair; node1 (LOCAL) and node3 vote. Its primary is
+    killed under load: its backup serves node2 with every message it held, the peers'
+    store-and-forward queues follow it, clients with the pair's address list move to it, and
+    its groups go on at its consumers. `pinmq check` finds nothing lost, doubled, reordered
+    or at two consumers."""
+    async with drill(tmp_path, paired="node2") as (ha, load):
+        await load.send(range(0, 10))  # the odd groups through node1, the even via the pair
+        await until(
+            "every process knows the backup is in sync",
+            lambda: ha.in_sync(ha.primary),
+            off_loop=True,
+        )
+        node3 = ha.nodes["node3"].url
+        status = cli("status", "--cluster", "--url", node3).stdout
+        assert re.search(
+            r"ha node2: active process node2, epoch \d+, backup node2-backup in sync", status
+        ), status
+        sending = asyncio.create_task(load.send(range(10, 40)))
+        await asyncio.sleep(0.3)  # under load
+        ha.primary.kill()  # kill -9
+        await until("the backup serves", lambda: serving(ha.backup), off_loop=True)
+        assert ha_detail(ha.backup, "logical") == "node2"
+        await until(
+            "node3 hears of node2's new active process",
+            lambda: "ha node2: active process node2-backup" in cli("status", "--url", node3).stdout,
+            off_loop=True,
+        )
+        await sending
+        await load.send(range(40, 50), remote="node3")
+        await load.send_new_group(LOAD_GROUPS, ha.pair_url)
+        assert not load.failures  # every send got through, retried or not
+        assert len(load.confirmed) == LOAD_GROUPS * 50 + 1
+        stats = await load.finish(tmp_path / "report")
+        lines = ha.backup.log().splitlines()
+        assert [line for line in lines if '"level": "error"' in line] == []
+    moments = [f["what"] for f in stats["failovers"]]
+    assert any(m.startswith("node node2 stopped (back after") for m in moments), moments
+
+
 async def test_the_whole_cluster_restarts_with_every_acknowledged_message(tmp_path: Path) -> None:
     async with drill(tmp_path) as (ha, load):
         await load.send(range(0, 15))

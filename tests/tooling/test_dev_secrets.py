@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from broker.users import Users
 
-NODES = ("node1", "node1-backup", "node2", "node3")
+NODES = ("node1", "node1-backup", "node2", "node2-backup", "node3", "node3-backup")
 SCRIPT = REPO / "deploy" / "dev_secrets.py"
 
 
