@@ -33,5 +33,5 @@ class ClusterAdmin(Protocol):
     def status(self) -> Sequence[NodeStatus]: ...
 
     def ha(self) -> Sequence[HaPairStatus]:
-        """The LOCAL node's pair: the active process, its epoch, its backup (ha)."""
+        """A pair: the active process, its epoch, its backup (ha)."""
         ...

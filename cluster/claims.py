@@ -75,13 +75,7 @@ class GroupClaims:
 
     def hold_restored(self) -> int:
         """Hold every group restored from the store; call before consumers can subscribe."""
-        held = 0
-        with self.engine.unit() as unit:
-            for q in self.engine.queues():
-                if self._governs(q.name, q.address, q.settings):
-                    for info in q.groups():
-                        self._hold(q.name, info.group, unit)
-                        held += 1
+        held, _ = self._hold_all()
         if held:
             log.info("restored groups held until their bindings are confirmed", groups=held)
         return held
@@ -113,16 +107,7 @@ class GroupClaims:
         """An `on_lease_lapsed` callback: this node may no longer deliver any group. Hold every
         group it governs, and end the streams of the consumers holding messages of one: their
         deliveries come back, held, before the arbiter may bind the group elsewhere."""
-        holding: set[str] = set()
-        groups = 0
-        with self.engine.unit() as unit:
-            for q in self.engine.queues():
-                if self._governs(q.name, q.address, q.settings):
-                    for info in q.groups():
-                        self._hold(q.name, info.group, unit)
-                        groups += 1
-                        if info.outstanding and info.owner is not None:
-                            holding.add(info.owner)
+        groups, holding = self._hold_all()
         self.engine.end_consumers(
             holding, "this node lost its grouping lease: its deliveries of grouped messages void"
         )
@@ -144,6 +129,20 @@ class GroupClaims:
         if q is None and msg_id is not None:  # a queue created just now has no consumer yet
             self._hold(queue, key, unit)
         return msg_id
+
+    def _hold_all(self) -> tuple[int, set[str]]:
+        """Hold every group this node governs; how many, and the consumers holding messages
+        of one."""
+        held, holding = 0, set()
+        with self.engine.unit() as unit:
+            for q in self.engine.queues():
+                if self._governs(q.name, q.address, q.settings):
+                    for info in q.groups():
+                        self._hold(q.name, info.group, unit)
+                        held += 1
+                        if info.outstanding and info.owner is not None:
+                            holding.add(info.owner)
+        return held, holding
 
     def _hold(self, queue: str, group: str, unit: Unit) -> None:
         unit.hold(queue, group)

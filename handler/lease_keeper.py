@@ -56,6 +56,7 @@ class LeaseKeeper:
         self.until: int | None = 0  # when the lease runs out (ns); 0: none yet; None: leases off
         self.lease_ms = 0  # as last granted (0: off, or none yet)
         self.lapses = 0  # how many times a held lease ran out
+        self.failure = ""  # why the last call for a lease failed ("" once one answered)
         self._lapsed = False
         self._timer: asyncio.TimerHandle | None = None
 
@@ -85,9 +86,12 @@ class LeaseKeeper:
                 self._granted(sent, 0)
                 return OFF_RENEW_S
             log.debug("lease not renewed", code=err.code().name, error=err.details())
+            self.failure = f"{err.code().name}: {err.details()}"
             return self._retry_s
         if not self._current(reply.arbiter_epoch):
+            self.failure = f"answered by an arbiter of an older epoch ({reply.arbiter_epoch})"
             return self._retry_s
+        self.failure = ""
         self._granted(sent, reply.lease_ms)
         return reply.lease_ms / 3000 if reply.lease_ms else OFF_RENEW_S
 

@@ -190,7 +190,7 @@ class RemoteHandler(GroupingHandler):
                     if proposals is None:
                         why = "no LOCAL grouping handler is known in the cluster"
                     elif not self.lease.holds():
-                        why = _NO_LEASE
+                        why = self._no_lease()
                     else:
                         try:
                             reply = await proposals.propose(group, queue, node)
@@ -206,7 +206,7 @@ class RemoteHandler(GroupingHandler):
                             if not self._current(reply.arbiter_epoch):
                                 why = self._stale(reply.arbiter_epoch)
                             elif not self.lease.holds():  # it lapsed meanwhile
-                                why = _NO_LEASE
+                                why = self._no_lease()
                             elif binding in flight.removed:  # removed before the answer came
                                 flight.removed.clear()
                                 continue
@@ -244,6 +244,10 @@ class RemoteHandler(GroupingHandler):
                 log.info("new arbiter epoch", local=self._target, epoch=epoch)
             self.arbiter_epoch = epoch
         return True
+
+    def _no_lease(self) -> str:
+        failure = self.lease.failure
+        return f"{_NO_LEASE}; asked at {self._target}: {failure}" if failure else _NO_LEASE
 
     def _lease_lapsed(self) -> None:
         """Forget every cached binding: whatever changed meanwhile, each is asked again."""

@@ -1,4 +1,4 @@
-"""One process of the LOCAL node's pair (`ha` section): it serves as the logical node while
+"""One process of a node's pair (`ha` section, LOCAL or REMOTE): it serves as the logical node while
 its failover member is active and holds its quorum, and follows the active process otherwise.
 
 Active: a full `Node` answering for the logical node id (node1), its writes replicated to the

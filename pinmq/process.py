@@ -1,6 +1,6 @@
 """The `pinmq node` process: logging, memory tuning, and what it runs until told to stop.
 
-A node with an `ha` section runs as one process of the LOCAL node's pair (`pinmq/pair.py`),
+A node with an `ha` section runs as one process of its pair (`pinmq/pair.py`),
 any other as a plain `Node`.
 """
 

@@ -31,6 +31,7 @@ from broker.client import Client
 REPO = Path(__file__).resolve().parent.parent
 SERVICES = ("node1", "node1-backup", "node2", "node3")
 VOLUMES = (*(f"{name}-data" for name in SERVICES), "secrets")  # docker-compose.yml's
+HA_ALL = ("node1", "node1-backup", "node2", "node2-backup", "node3", "node3-backup")
 AUDIT_IN_CONTAINER = "/var/lib/pinmq/data/audit"  # deploy/compose/*.yaml audit.dir
 
 
@@ -85,16 +86,22 @@ def compose_env(workdir: Path, image: str) -> dict[str, str]:
 class ComposeCluster:
     """One compose cluster; `start` brings it up healthy, `down` removes everything."""
 
-    def __init__(self, workdir: Path, image: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(
+        self, workdir: Path, image: str, monkeypatch: pytest.MonkeyPatch, ha_all: bool = False
+    ) -> None:
+        """`ha_all`: docker-compose.ha-all.yml on top, every node a pair; the clients of
+        node2 and node3 then take both processes' addresses."""
         env = compose_env(workdir, image)
         for key, value in env.items():
             monkeypatch.setenv(key, value)  # testcontainers runs `docker compose` with them
         self.project = env["COMPOSE_PROJECT_NAME"]
         self.access = dev_access()  # secrets/ made before compose mounts it
-        self.audit = {name: workdir / "audit" / name for name in SERVICES}
-        self.ports = {name: (reserve_port(), reserve_port()) for name in SERVICES}
+        self.ha_all = ha_all
+        names = HA_ALL if ha_all else SERVICES
+        self.audit = {name: workdir / "audit" / name for name in names}
+        self.ports = {name: (reserve_port(), reserve_port()) for name in names}
         services: dict[str, dict[str, list[str]]] = {}
-        for name in SERVICES:
+        for name in names:
             audit = self.audit[name]
             audit.mkdir(parents=True)
             audit.chmod(0o777)  # the container's non-root user writes there
@@ -103,7 +110,8 @@ class ComposeCluster:
             services[name] = {"ports": ports, "volumes": [f"{audit}:{AUDIT_IN_CONTAINER}"]}
         override = workdir / "compose-test.yaml"
         override.write_text(_override_yaml(services))
-        self.stack = DockerCompose(REPO, compose_file_name=["docker-compose.yml", str(override)])
+        files = ["docker-compose.yml", *(["docker-compose.ha-all.yml"] if ha_all else [])]
+        self.stack = DockerCompose(REPO, compose_file_name=[*files, str(override)])
 
     def start(self) -> ComposeCluster:
         self.stack.start()  # up --wait: every container healthy
@@ -161,6 +169,10 @@ class ComposeCluster:
         return [("127.0.0.1", self.ports[name][1]) for name in ("node1", "node1-backup")]
 
     def client_url(self, name: str) -> str:
+        """A node's client address; with `ha_all`, node2's or node3's both processes'."""
+        if self.ha_all and name in self.others:
+            backup = self.ports[f"{name}-backup"][0]
+            return f"127.0.0.1:{self.ports[name][0]},127.0.0.1:{backup}"
         return f"127.0.0.1:{self.ports[name][0]}"
 
     def client(self, url: str) -> Client:

@@ -22,7 +22,7 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -52,9 +52,9 @@ def image() -> str:
 
 @asynccontextmanager
 async def drill(
-    tmp_path: Path, image: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, image: str, monkeypatch: pytest.MonkeyPatch, ha_all: bool = False
 ) -> AsyncIterator[tuple[ComposeCluster, HaLoad]]:
-    cluster = ComposeCluster(tmp_path, image, monkeypatch)
+    cluster = ComposeCluster(tmp_path, image, monkeypatch, ha_all)
     load = HaLoad(cluster, tmp_path / "history", cluster.access)
     try:
         async with watchdog(DRILL_LIMIT_S, "the container drill"):
@@ -77,12 +77,14 @@ async def under_way(sends: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
     return sending
 
 
-async def pair_status(cluster: ComposeCluster) -> HaPairStatus:
-    """The pair as node2 last heard of it (asked again for up to 30 s: under load node2 can
+async def pair_status(
+    cluster: ComposeCluster, logical: str = "node1", asked: str = "node2"
+) -> HaPairStatus:
+    """A pair as `asked` last heard of it (asked again for up to 30 s: under load a node can
     take longer than a connect timeout to answer)."""
-    url = cluster.client_url("node2")
+    url = cluster.client_url(asked)
     async with cluster.access.client(url, failover_timeout=30) as client:
-        [pair] = (await client.cluster_status()).ha
+        [pair] = [p for p in (await client.cluster_status()).ha if p.logical == logical]
     return pair
 
 
@@ -120,16 +122,52 @@ async def test_docker_kill_of_node1_under_load_its_backup_container_takes_over(
             "node1-backup",
             True,
         )
-        sending = await under_way(load.send(range(10, 30)))
-        await asyncio.to_thread(lambda: cluster.docker("kill", service="node1"))
-        await backup_serves(cluster)
-        await sending
-        await load.send(range(30, 40))
-        assert not load.failures
-        stats = await load.finish(tmp_path / "report")
+        await killed_under_load(cluster, load, "node1", backup_serves, tmp_path)
+
+
+async def killed_under_load(
+    cluster: ComposeCluster,
+    load: HaLoad,
+    service: str,
+    taken_over: Callable[[ComposeCluster], Awaitable[None]],
+    tmp_path: Path,
+) -> None:
+    """`docker kill` of a pair's active container under load, until `taken_over`; the load
+    goes on and ends with a clean check that shows the node's run ended."""
+    sending = await under_way(load.send(range(10, 30)))
+    await asyncio.to_thread(lambda: cluster.docker("kill", service=service))
+    await taken_over(cluster)
+    await sending
+    await load.send(range(30, 40))
+    assert not load.failures
+    stats = await load.finish(tmp_path / "report")
     report(stats)
     moments = [f["what"] for f in stats["failovers"]]
-    assert any(m.startswith("node node1 stopped (back after") for m in moments), moments
+    assert any(m.startswith(f"node {service} stopped (back after") for m in moments), moments
+
+
+async def test_every_node_a_pair_docker_kill_of_node2_its_backup_container_takes_over(
+    tmp_path: Path, image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docker-compose.ha-all.yml: six containers, every node a pair. node2's container (a
+    REMOTE node's primary) is killed under load; node2-backup serves node2 for the clients
+    that have both addresses and for the other nodes' store-and-forward queues."""
+    async with drill(tmp_path, image, monkeypatch, ha_all=True) as (cluster, load):
+        await load.send(range(0, 10))
+
+        async def in_sync() -> bool:
+            pairs = [await pair_status(cluster, n, asked="node3") for n in ("node1", "node2")]
+            return all(p.backup_in_sync for p in pairs)
+
+        await until("node3 hears both pairs in sync", in_sync)
+        await killed_under_load(cluster, load, "node2", node2_backup_serves, tmp_path)
+
+
+async def node2_backup_serves(cluster: ComposeCluster) -> None:
+    async def took_over() -> bool:
+        return (await pair_status(cluster, "node2", asked="node3")).active == "node2-backup"
+
+    await until("node2-backup serves as node2", took_over)
 
 
 async def test_docker_pause_of_node1_it_fences_itself_and_rejoins_as_the_backup(

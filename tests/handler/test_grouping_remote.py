@@ -120,6 +120,7 @@ async def test_a_proposal_the_local_node_cannot_decide_fails_with_its_reason(
         local_node(tmp_path) as local,
         remote_handler(lambda: local.address, timeout=300) as remote,
     ):
+        await until("the remote learnt that leases are off", lambda: remote.lease.until is None)
         await local.handler.stop()  # still served, but its bindings file is closed
         with pytest.raises(DecisionTimeout) as info:
             await remote.decide("g", "orders", "n-remote")

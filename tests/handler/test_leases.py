@@ -154,6 +154,7 @@ async def test_a_remote_that_loses_its_lease_forgets_its_bindings_until_it_holds
         with pytest.raises(DecisionTimeout) as info:
             await remote.decide("g1", "orders", "n-remote")
         assert "holds no lease from the LOCAL grouping handler" in str(info.value)
+        assert f"asked at {local.address}: UNAVAILABLE" in str(info.value)  # why not
         await local.serve()
         await until("the lease held again", remote.lease.holds)
         assert await remote.decide("g1", "orders", "other") == pinned
