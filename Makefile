@@ -11,7 +11,7 @@ COMPOSE_PLUGIN := $(DOCKER_CONFIG)/cli-plugins/docker-compose
 export PINMQ_IMAGE ?= pinmq:latest
 
 .PHONY: up down up-docker down-docker up-ha-all down-ha-all up-local down-local image clean-data standalone test \
-	prerequisites lint proto bench bench-compare sim clean secrets
+	prerequisites lint proto bench bench-compare sim clean secrets chaos
 
 $(STAMP): pyproject.toml
 	@$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || \
@@ -113,6 +113,13 @@ lint: $(STAMP)
 
 proto: $(STAMP)
 	$(BIN)/python -m pinmq.protogen
+
+# A seeded chaos run on the compose cluster with every node paired (bench/chaos.py). Not yet in
+# `make test`: seed 2026 still ends with confirmed messages unacked (bench/RESULTS.md).
+MINUTES ?= 30
+SEED ?= 2026
+chaos: $(STAMP) $(COMPOSE_PLUGIN) secrets
+	$(BIN)/python bench/chaos.py --minutes $(MINUTES) --seed $(SEED)
 
 bench: $(STAMP)
 	$(BIN)/python bench/core_dispatch.py

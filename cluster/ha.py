@@ -348,7 +348,12 @@ class PairShell:
         assert self.logical is not None
         channel = self._channels.get(address)
         if channel is None:
-            channel = channels.dial(address, channels.reconnect(), self.tls)
+            # Keepalive: a process whose own network went away (docker network disconnect)
+            # keeps its connections open with no error until TCP gives up, a quarter of an
+            # hour; every heartbeat on them would time out, and the process could never get
+            # its quorum back once its network returned (found by the chaos run, seed 2026).
+            options = [*channels.keepalive(), *channels.reconnect()]
+            channel = channels.dial(address, options, self.tls)
             self._channels[address] = channel
         timeout = self.timing.answer_within(send.message) / 1000
         try:

@@ -209,7 +209,8 @@ def group_stalls(first: DataFrame) -> dict[str, Any]:
     What a consumer of the group lived through, whatever caused it: a node down or frozen
     (a frozen node ends no run, so only this finds it), a group waiting for its node, a
     decision that did not come. `all` lists every stall (for the failover moments), `longest`
-    the STALLS_LISTED longest.
+    the STALLS_LISTED longest, `per_group` each stalled group's total and longest stall (the
+    chaos run's availability, tests/chaos_run.py).
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -232,10 +233,23 @@ def group_stalls(first: DataFrame) -> dict[str, Any]:
         ({**r.asDict(), "gap_ms": round((r["to_ns"] - r["from_ns"]) / 1e6, 3)} for r in stalls),
         key=lambda s: -s["gap_ms"],
     )
+    per_group: dict[str, dict[str, Any]] = {}
+    for s in found:  # longest first: a group's first entry is its longest stall
+        g = per_group.setdefault(
+            f"{s['queue']}/{s['group']}",
+            {
+                "stalled_ms": 0.0,
+                "longest_ms": s["gap_ms"],
+                "longest_from_ns": s["from_ns"],
+                "longest_to_ns": s["to_ns"],
+            },
+        )
+        g["stalled_ms"] = round(g["stalled_ms"] + s["gap_ms"], 3)
     return {
         "count": len(found),
-        "groups": len({(s["queue"], s["group"]) for s in found}),
+        "groups": len(per_group),
         "longest": found[:STALLS_LISTED],
+        "per_group": per_group,
         "all": found,
     }
 

@@ -32,6 +32,9 @@ REPO = Path(__file__).resolve().parent.parent
 SERVICES = ("node1", "node1-backup", "node2", "node3")
 VOLUMES = (*(f"{name}-data" for name in SERVICES), "secrets")  # docker-compose.yml's
 HA_ALL = ("node1", "node1-backup", "node2", "node2-backup", "node3", "node3-backup")
+# The image the container tests build: pinmq:test, or $PINMQ_TEST_IMAGE (two checkouts testing
+# on one engine at once).
+IMAGE = os.environ.get("PINMQ_TEST_IMAGE", "pinmq:test")
 AUDIT_IN_CONTAINER = "/var/lib/pinmq/data/audit"  # deploy/compose/*.yaml audit.dir
 
 

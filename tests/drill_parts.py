@@ -33,6 +33,7 @@ class Worker:
     acked: set[bytes] = field(default_factory=set)  # bodies: msg ids are per node
     held: list[Received] = field(default_factory=list)
     unsure: set[bytes] = field(default_factory=set)  # acks in flight when the node died
+    replaced: bool = False  # its client gave up, another worker took its place (chaos run)
     task: asyncio.Task[None] | None = None
 
     async def run(self, client: Client, queue: str, drain: asyncio.Event) -> None:

@@ -24,7 +24,7 @@ import contextlib
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -339,6 +339,7 @@ class HaLoad:
         self.clients: list[Client] = []
         self.confirmed: set[bytes] = set()
         self.failures: list[str] = []  # sends that failed for good, and why
+        self.urls: dict[str, str] = {}  # each worker's addresses
         names = ("stomp-producer", "stomp-consumer")
         self.stomp_audits = [AuditLog(self.clients_dir, name).start() for name in names]
         pair, audits = ha.stomp_pair, self.stomp_audits
@@ -366,11 +367,20 @@ class HaLoad:
         worker = Worker(name, hold=HOLD, failover="," in url)
         worker.task = asyncio.create_task(worker.run(client, QUEUE, self.drain))
         self.workers.append(worker)
+        self.urls[name] = url
         return worker
 
-    async def send(self, turns: range, pause_s: float = 0.01, remote: str | None = None) -> None:
+    async def send(
+        self,
+        turns: range,
+        pause_s: float = 0.01,
+        remote: str | None = None,
+        python: Iterable[int] = PY_GROUPS,
+        stomp: bool = True,
+    ) -> None:
         """Every group's messages of `turns`, the groups concurrently, one at a time each; the
         odd Python groups through `remote` (a node that is not the pair; the first of them).
+        `python` and `stomp` choose the groups (the chaos run sends each on its own).
 
         A Python send that fails for good ends its group's part (what was confirmed counts).
         """
@@ -399,8 +409,14 @@ class HaLoad:
             items = [(g, i) for i in turns for g in STOMP_GROUPS]
             self.stomp_producer.send(items, pause_s / len(STOMP_GROUPS))
 
-        await asyncio.gather(*(python_group(g) for g in PY_GROUPS), asyncio.to_thread(stomp_groups))
+        stomp_part = [asyncio.to_thread(stomp_groups)] if stomp else []
+        await asyncio.gather(*map(python_group, python), *stomp_part)
         self.confirmed |= self.stomp_producer.confirmed
+
+    @staticmethod
+    def group_keys() -> list[str]:
+        """The load's groups as the checker names them: queue/group."""
+        return [f"{QUEUE}/g{g:02d}" for g in range(GROUPS)]
 
     async def send_new_group(self, group: int, url: str) -> None:
         """One message of a group never sent before: its binding is new."""

@@ -29,7 +29,15 @@ from typing import Any
 
 import pytest
 import waiting
-from compose_nodes import REPO, SERVICES, VOLUMES, ComposeCluster, build_image, compose_env
+from compose_nodes import (
+    IMAGE,
+    REPO,
+    SERVICES,
+    VOLUMES,
+    ComposeCluster,
+    build_image,
+    compose_env,
+)
 from ha_load import QUEUE, HaLoad
 from log_levels import loud, stopped
 from ports import reserve_port
@@ -40,7 +48,6 @@ from cluster.bridge import sf_queue
 
 pytestmark = pytest.mark.slow  # container drills: an image build, then a minute a drill
 
-IMAGE = os.environ.get("PINMQ_TEST_IMAGE", "pinmq:test")
 KINDS = ("client", "stomp", "http")  # the ports `make up` prints for each node
 DRILL_LIMIT_S = 360  # a drill takes 60-80 s under CI's load: past this one hangs
 

@@ -1,0 +1,77 @@
+"""The chaos run's faults: a schedule drawn from a seed, pure, so a seed replays exactly.
+
+A fault hits one container or two at once (`kill`: SIGKILL, then started again; `pause`:
+frozen, then thawed; `disconnect`: off the cluster network, then back), or the whole stack
+(`stack`: every container stopped, then started). Faults overlap: a new one may start while
+others hold, on containers they leave alone; a `stack` fault waits until nothing else holds,
+and nothing starts while it does. `schedule(seed, seconds, services)` is the same list for the
+same arguments, whatever runs it (bench/chaos.py).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+ONE = ("kill", "pause", "disconnect")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """`kind` on `targets` (no target: `stack`) `at_s` into the run, undone `hold_s` later."""
+
+    at_s: float
+    kind: str
+    targets: tuple[str, ...]
+    hold_s: float
+
+    @property
+    def until_s(self) -> float:
+        return self.at_s + self.hold_s
+
+    def describe(self) -> str:
+        what = " + ".join(self.targets) if self.targets else "the whole stack"
+        return f"{self.at_s:7.2f} s  {self.kind:<10} {what} for {self.hold_s:.2f} s"
+
+
+@dataclass(frozen=True)
+class Mix:
+    """How faults are drawn: the mean pause between two starts, how long one holds, the share
+    that hits two containers at once, the share that stops the whole stack, and a quiet end
+    (no fault starts then: the run's last moments show every group served again)."""
+
+    mean_gap_s: float = 6.0
+    hold_s: tuple[float, float] = (1.0, 8.0)
+    two_at_once: float = 0.25
+    stack: float = 0.04
+    quiet_end_s: float = 10.0
+
+
+def schedule(
+    seed: int, seconds: float, services: Sequence[str], mix: Mix | None = None
+) -> list[Fault]:
+    """The faults of a run of `seconds` over `services`, in start order."""
+    mix = mix or Mix()
+    rng = random.Random(seed)
+    busy: dict[str, float] = {}  # container -> until when a fault holds it
+    stack_until = 0.0
+    faults: list[Fault] = []
+    t = rng.uniform(2.0, mix.mean_gap_s)
+    while t < seconds - mix.quiet_end_s:
+        hold = round(rng.uniform(*mix.hold_s), 2)
+        hold = min(hold, round(seconds - mix.quiet_end_s - t, 2))
+        free = [s for s in services if busy.get(s, 0.0) <= t]
+        roll = rng.random()
+        if t >= stack_until:
+            if roll < mix.stack and len(free) == len(services):
+                faults.append(Fault(round(t, 2), "stack", (), hold))
+                stack_until = t + hold
+            elif free:
+                n = 2 if roll > 1 - mix.two_at_once and len(free) >= 2 else 1
+                targets = tuple(sorted(rng.sample(free, n)))
+                faults.append(Fault(round(t, 2), rng.choice(ONE), targets, hold))
+                for target in targets:
+                    busy[target] = t + hold
+        t += max(0.5, rng.expovariate(1 / mix.mean_gap_s))
+    return faults
