@@ -78,13 +78,12 @@ class LeaseKeeper:
         if stub is None:
             return self._retry_s
         sent = self._clock()
-        period = self.lease_ms / 3000 if self.lease_ms else OFF_RENEW_S
         try:
-            reply = await stub.Lease(pb.LeaseRequest(node=self.node_id), timeout=period)
+            reply = await stub.Lease(pb.LeaseRequest(node=self.node_id), timeout=self._period())
         except aio.AioRpcError as err:
             if err.code() == grpc.StatusCode.UNIMPLEMENTED:
                 self._granted(sent, 0)
-                return OFF_RENEW_S
+                return self._period()
             log.debug("lease not renewed", code=err.code().name, error=err.details())
             self.failure = f"{err.code().name}: {err.details()}"
             return self._retry_s
@@ -93,7 +92,11 @@ class LeaseKeeper:
             return self._retry_s
         self.failure = ""
         self._granted(sent, reply.lease_ms)
-        return reply.lease_ms / 3000 if reply.lease_ms else OFF_RENEW_S
+        return self._period()
+
+    def _period(self) -> float:
+        """Seconds between renewals: a third of the lease, or OFF_RENEW_S with leases off."""
+        return self.lease_ms / 3000 if self.lease_ms else OFF_RENEW_S
 
     def _granted(self, sent_ns: int, lease_ms: int) -> None:
         if self._timer is not None:

@@ -17,6 +17,7 @@ pinmq:test, or as $PINMQ_TEST_IMAGE (two checkouts testing on one engine at once
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import re
@@ -100,13 +101,16 @@ async def until(what: str, check: Any, timeout: float = 60.0) -> Any:
     return await waiting.until(what, check, timeout, every=0.2, ignoring=(Exception,))
 
 
-async def backup_serves(cluster: ComposeCluster) -> None:
-    """Until node2 hears that node1-backup is the active process."""
+async def backup_serves(
+    cluster: ComposeCluster, logical: str = "node1", asked: str = "node2"
+) -> None:
+    """Until `asked` hears that the backup of `logical` is its active process."""
 
     async def took_over() -> bool:
-        return (await pair_status(cluster)).active == "node1-backup"
+        status = await pair_status(cluster, logical, asked)
+        return status.active == f"{logical}-backup"
 
-    await until("node1-backup serves as node1", took_over)
+    await until(f"{logical}-backup serves as {logical}", took_over)
 
 
 def report(stats: dict[str, Any]) -> None:
@@ -167,14 +171,8 @@ async def test_every_node_a_pair_docker_kill_of_node2_its_backup_container_takes
             return all(p.backup_in_sync for p in pairs)
 
         await until("node3 hears both pairs in sync", in_sync)
-        await killed_under_load(cluster, load, "node2", node2_backup_serves, tmp_path)
-
-
-async def node2_backup_serves(cluster: ComposeCluster) -> None:
-    async def took_over() -> bool:
-        return (await pair_status(cluster, "node2", asked="node3")).active == "node2-backup"
-
-    await until("node2-backup serves as node2", took_over)
+        node2_backup = functools.partial(backup_serves, logical="node2", asked="node3")
+        await killed_under_load(cluster, load, "node2", node2_backup, tmp_path)
 
 
 async def test_docker_pause_of_node1_it_fences_itself_and_rejoins_as_the_backup(

@@ -159,3 +159,28 @@ async def test_a_remote_that_loses_its_lease_forgets_its_bindings_until_it_holds
         await until("the lease held again", remote.lease.holds)
         assert await remote.decide("g1", "orders", "other") == pinned
         assert remote.lease.lapses == 1
+
+
+async def test_a_lease_from_an_arbiter_older_than_the_newest_heard_does_not_count(
+    tmp_path: Path,
+) -> None:
+    """An ha pair's fenced arbiter that still answers cannot keep a node's lease alive."""
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new").mkdir()
+    leases = {"rebind_absent_after": 60_000, "lease": 300, "lease_margin": 0}
+    async with (
+        local_node(tmp_path / "old", epoch=1, **leases) as old,
+        local_node(tmp_path / "new", epoch=2, **leases) as new,
+    ):
+        target = [new.address]
+        async with remote_handler(lambda: target[0], timeout=300) as remote:
+            lapsed: list[bool] = []
+            remote.on_lease_lapsed(lambda: lapsed.append(True))
+            await until("a lease from the new arbiter", remote.lease.holds)
+            assert remote.arbiter_epoch == 2
+            target[0] = old.address  # only the fenced arbiter answers now
+            await until("the lease lapsed", lambda: lapsed)
+            assert remote.lease.failure == "answered by an arbiter of an older epoch (1)"
+            target[0] = new.address
+            await until("the lease held again", remote.lease.holds)
+            assert remote.lease.lapses == 1
