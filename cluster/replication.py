@@ -87,7 +87,9 @@ class _Backup:
         self.node_id = node_id
         self.gate = gate
         self.after = after  # the snapshot holds every write up to this sequence
-        self.durable = 0  # highest sequence the backup holds on disk (after the snapshot)
+        # Highest sequence the backup holds on disk; -1 until it has the snapshot: a snapshot
+        # at 0 (a fresh primary) must not count as installed before the backup says so.
+        self.durable = -1
         self.timeout_s = timeout_s
         self.queue: deque[pb.ReplicatedOp] = deque()
         self.queued_bytes = 0
