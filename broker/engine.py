@@ -123,8 +123,9 @@ class Engine:
         self._core = core = BrokerCore(config)
         self.store_path = store_path(config)
         self.observers: list[Observer] = []
-        self.audit = node_audit(config, serving)  # audit log (broker/audit.py); None unless on
         self.failed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+        # The audit log (broker/audit.py; None unless on) records what this engine may carry out.
+        self.audit = node_audit(config, self._may_carry_out)
         self._closing = False  # `close` began: a write the closed store refuses is no fault
         self._late_write_logged = False  # the first such write is logged, no more
         self._serving = serving
@@ -320,22 +321,29 @@ class Engine:
     # ---- applying effects -------------------------------------------------------------------
 
     def _holds(self) -> bool:
-        """Whether this process still holds its node; if not, the node fails (NotServing)."""
-        if self._serving is None or self._serving():
+        """Whether the core's decisions may still take effect. Not while this process does not
+        hold its node (the node fails then, NotServing), and never again once the node failed:
+        the unit refused had changed the core already, so the core may hold what never
+        reached the disk (a send, a duplicate id), even if the ha gate serves again before the
+        stop is done."""
+        if self._may_carry_out():
             return True
-        self._fenced()
+        self.fail(NotServing(f"{self.config.node.id} is no longer held by this process"))
         return False
+
+    def _may_carry_out(self) -> bool:
+        return not self.failed.done() and (self._serving is None or self._serving())
 
     def _apply(
         self, fx: Effects, receipts: list[ReceiptFor], marks: dict[str, int] | None
     ) -> Write | None:
         """Carry out a unit's Effects (see the module doc); returns its store write, if any.
 
-        A process that no longer holds its ha node carries out nothing: the write fails with
-        NotServing, and so does the node.
+        A process that no longer holds its ha node, or a node that failed, carries out
+        nothing: the write fails with NotServing (clients go elsewhere), and so does the node.
         """
-        if self._serving is not None and not self._serving():
-            return self._fenced()
+        if not self._holds():
+            return self._refused()
         if self.audit is not None:  # audit log: queues references, formats off the loop
             self.audit.effects(fx)
         _log(fx)
@@ -365,9 +373,8 @@ class Engine:
     def _apply_plain(self, fx: Effects) -> Write | None:
         return self._apply(fx, [], None)
 
-    def _fenced(self) -> Write:
-        err = NotServing(f"{self.config.node.id} is no longer held by this process")
-        self.fail(err)
+    def _refused(self) -> Write:
+        err = NotServing(f"{self.config.node.id} is stopping: {self.failed.result()}")
         refused: Write = asyncio.get_running_loop().create_future()
         refused.set_exception(err)
         refused.add_done_callback(lambda f: f.exception())  # a caller may not wait for it

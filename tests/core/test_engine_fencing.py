@@ -1,6 +1,7 @@
 """An ha pair's active process that lost its quorum (it was frozen past failure-timeout, and
 the other process may serve by now) must carry out and record nothing more: not a delivery
-already decided, not a write, not an audit event. A real engine, store and audit log; the
+already decided, not a write, not an audit event, even if it holds its node again before
+its stop is done. A real engine, store and audit log; the
 failover shell is the `serving` callable it is given (what `Node` wires to `may_serve`)."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from broker.audit import read_events, segments
 from broker.clock import now_ns
 from broker.config import NodeConfig, QueueConfig
 from broker.engine import Engine, NotServing
-from broker.message import Outgoing
+from broker.message import DUPLICATE_ID_HEADER, Outgoing
 from broker.sending import LocalSendPath
 
 
@@ -39,8 +40,9 @@ async def test_a_process_that_lost_its_node_carries_out_and_records_nothing_more
         path = LocalSendPath()
 
         async def send(body: str) -> None:
+            headers = {DUPLICATE_ID_HEADER: body}  # a client's retry carries the same id
             with engine.unit() as unit:
-                path.send_now([Outgoing("q", body.encode(), {}, True)], unit, now_ns())
+                path.send_now([Outgoing("q", body.encode(), headers, True)], unit, now_ns())
             assert unit.write is not None
             await unit.write
 
@@ -52,6 +54,14 @@ async def test_a_process_that_lost_its_node_carries_out_and_records_nothing_more
         with pytest.raises(NotServing, match="node1 is no longer held by this process"):
             await send("after")
         assert isinstance(engine.failed.result(), NotServing)  # the node stops
+        # The refused send is in the core (its id too), never on disk: if the gate serves
+        # again before the stop is done, a client's retry must not be confirmed as its
+        # duplicate, nor anything else be carried out.
+        holds = True
+        with pytest.raises(NotServing, match="node1 is stopping"):
+            await send("after")
+        with pytest.raises(NotServing, match="node1 is stopping"):
+            await send("later")
         engine.audit.record("unbound", group="g")  # nor does anything else get recorded
         await asyncio.sleep(0.05)
         assert stream.outbound.empty()
