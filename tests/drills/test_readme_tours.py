@@ -60,13 +60,19 @@ class Tour:
 
     commands: list[str]
     outputs: list[str]
+    errors: list[str]  # what each command wrote to stderr (background jobs' lines may mix in)
     scratch: Path
 
     def output(self, prefix: str, nth: int = 0) -> str:
         """What the nth command starting with `prefix` printed."""
-        found = [
-            o for c, o in zip(self.commands, self.outputs, strict=True) if c.startswith(prefix)
-        ]
+        return self.outputs[self._index(prefix, nth)]
+
+    def error(self, prefix: str, nth: int = 0) -> str:
+        """What the nth command starting with `prefix` wrote to stderr: why it printed nothing."""
+        return self.errors[self._index(prefix, nth)]
+
+    def _index(self, prefix: str, nth: int) -> int:
+        found = [i for i, c in enumerate(self.commands) if c.startswith(prefix)]
         assert len(found) > nth, f"no command {prefix!r} (#{nth}) in {self.commands}"
         return found[nth]
 
@@ -101,7 +107,7 @@ def tour_script(commands: list[str], index: int) -> str:
     """The block in a subshell from the repository root, a marker before every command."""
     lines = [f"( cd {shlex.quote(str(REPO))}"]
     for i, command in enumerate(commands):
-        lines.append(f"printf '\\n{MARK}{index}.{i}\\n'")
+        lines.append(f"printf '\\n{MARK}{index}.{i}\\n' | tee /dev/stderr")
         lines.append(command)
     lines.append(f"printf '\\n{SCRATCH}{index} %s\\n' \"$PWD\"")
     lines.append(")")
@@ -174,7 +180,12 @@ def tours(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tours]:
     scratch = dict(re.findall(rf"^{re.escape(SCRATCH)}(\d+) (.*)$", done.stdout, re.M))
     assert len(scratch) == len(blocks), f"a tour ended elsewhere:\n{done.stdout}"
     cluster, one_node, stomp = (
-        Tour(commands, split_outputs(done.stdout, i, len(commands)), Path(scratch[str(i)]))
+        Tour(
+            commands,
+            split_outputs(done.stdout, i, len(commands)),
+            split_outputs(done.stderr, i, len(commands)),
+            Path(scratch[str(i)]),
+        )
         for i, commands in enumerate(blocks)
     )
     hint = done.stdout.split(f"{HINT}\n", 1)[1].split(f"\n{MARK}", 1)[0]
@@ -236,7 +247,8 @@ def test_the_one_node_tour_gives_each_worker_one_group_in_order(
     assert all(row["stalled"] == "-" and row["groups"] == "1" for row in consumers), consumers
     assert set(pinned) == {"alice", "bob", "carol"}
     assert sorted(pinned.values()) == ["c1", "c2", "c3"], pinned  # one group each
-    assert tour.output("pinmq reset-groups tasks").strip() == "reset group alice of tasks"
+    reset = tour.output("pinmq reset-groups tasks").strip()
+    assert reset == "reset group alice of tasks", tour.error("pinmq reset-groups tasks")
 
     expected = {
         "alice": [("task for alice", s) for s in range(1, 11)]
