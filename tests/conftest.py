@@ -53,6 +53,7 @@ XDIST_GROUPS = {
     # test_compose's image is a module fixture too.
     "test_ha.py": "failover drills",
     "test_compose.py": "failover drills",
+    "test_chaos.py": "failover drills",  # the chaos run: six containers under faults
     # The console's browser test kills the pair's primary too, with a Chromium on top: not
     # beside a drill.
     "test_console.py": "failover drills",
