@@ -113,6 +113,18 @@ async def backup_serves(
     await until(f"{logical}-backup serves as {logical}", took_over)
 
 
+async def pair_settles(
+    cluster: ComposeCluster, active: str, backup: str, logical: str = "node1", asked: str = "node2"
+) -> None:
+    """Until `asked` hears `active` serve `logical` with `backup` following it, in sync."""
+
+    async def settled() -> bool:
+        pair = await pair_status(cluster, logical, asked)
+        return (pair.active, pair.backup, pair.backup_in_sync) == (active, backup, True)
+
+    await until(f"{active} serves {logical}, {backup} follows in sync", settled)
+
+
 def report(stats: dict[str, Any]) -> None:
     """The failover moments `pinmq check` found, with the longest delivery gap around each."""
     for m in stats["failovers"]:
@@ -175,6 +187,44 @@ async def test_every_node_a_pair_docker_kill_of_node2_its_backup_container_takes
         await killed_under_load(cluster, load, "node2", node2_backup, tmp_path)
 
 
+async def test_every_node_a_pair_node2_paused_then_its_backup_cut_off_each_takes_over_in_turn(
+    tmp_path: Path, image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docker-compose.ha-all.yml, a REMOTE pair's two other faults, one after the other under
+    load: node2's primary container frozen (`docker pause`) until node2-backup serves node2,
+    then thawed: it fences itself and follows. Then node2-backup, active now, cut off the
+    network until node2 serves again; back on, it follows. The Python clients have both of
+    node2's addresses, the other nodes forward to whichever serves."""
+    async with drill(tmp_path, image, monkeypatch, ha_all=True) as (cluster, load):
+        node2 = functools.partial(pair_settles, cluster, logical="node2", asked="node3")
+        await load.send(range(0, 10))
+        await node2("node2", "node2-backup")
+        sending = await under_way(load.send(range(10, 30)))
+        await asyncio.to_thread(lambda: cluster.docker("pause", service="node2"))
+        try:
+            await backup_serves(cluster, logical="node2", asked="node3")
+        finally:
+            await asyncio.to_thread(lambda: cluster.docker("unpause", service="node2"))
+        await node2("node2-backup", "node2")
+        await sending
+        sending = await under_way(load.send(range(30, 50)))
+        await asyncio.to_thread(cluster.disconnect, "node2-backup")
+        try:
+
+            async def node2_serves() -> bool:
+                return (await pair_status(cluster, "node2", "node3")).active == "node2"
+
+            await until("node2 serves node2 again", node2_serves)
+        finally:
+            await asyncio.to_thread(cluster.connect, "node2-backup")
+        await node2("node2", "node2-backup")
+        await sending
+        await load.send(range(50, 60))
+        assert not load.failures
+        stats = await load.finish(tmp_path / "report")
+    report(stats)
+
+
 async def test_docker_pause_of_node1_it_fences_itself_and_rejoins_as_the_backup(
     tmp_path: Path, image: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -188,15 +238,7 @@ async def test_docker_pause_of_node1_it_fences_itself_and_rejoins_as_the_backup(
         finally:
             await asyncio.to_thread(lambda: cluster.docker("unpause", service="node1"))
 
-        async def rejoined() -> bool:
-            pair = await pair_status(cluster)
-            return (pair.active, pair.backup, pair.backup_in_sync) == (
-                "node1-backup",
-                "node1",
-                True,
-            )
-
-        await until("node1 follows, in sync", rejoined)
+        await pair_settles(cluster, "node1-backup", "node1")
         await sending
         await load.send(range(30, 40))
         assert not load.failures
