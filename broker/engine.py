@@ -224,9 +224,13 @@ class Engine:
                 log.info("a write came after the store closed: not applied", error=str(err))
                 self._late_write_logged = True
             return
-        if not self.failed.done():
+        if self.failed.done():
+            return
+        if isinstance(err, NotServing):  # the pair's shell warned already ("fenced"): once
+            log.info("stopping: this process no longer holds its node", error=str(err))
+        else:
             log.error("fatal error, stopping", error=str(err))
-            self.failed.set_result(err)
+        self.failed.set_result(err)
 
     # ---- commands -------------------------------------------------------------------------
 
