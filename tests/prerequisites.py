@@ -6,6 +6,7 @@ JDK fails the run in a second instead of deep inside the Spark tests.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -62,11 +63,21 @@ def _browser() -> str | None:
     return None
 
 
+def _disks() -> str | None:
+    """The chaos run gives each container a small loop-mounted disk that it fills."""
+    missing = [tool for tool in ("mkfs.ext4", "mount", "umount") if shutil.which(tool) is None]
+    if missing:
+        return f"{' and '.join(missing)} (e2fsprogs, mount), for the chaos run's disks"
+    if os.geteuid() != 0:
+        return "root, to loop-mount the chaos run's disks (tests/disk_images.py)"
+    return None
+
+
 def missing() -> list[str]:
     found: list[str] = []
     if sys.version_info < MIN_PYTHON:
         found.append(f"Python {'.'.join(map(str, MIN_PYTHON))}+ (this is {sys.version.split()[0]})")
-    for check in (_java, _namespaces, _browser):
+    for check in (_java, _namespaces, _browser, _disks):
         if (problem := check()) is not None:
             found.append(problem)
     return found
