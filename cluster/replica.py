@@ -177,36 +177,57 @@ class Follower:
             call = pb_grpc.ClusterStub(channel).Replicate()
             reporting = asyncio.ensure_future(self._report(call, reports))
             confirming = asyncio.ensure_future(self._confirm(applied, woken, reports))
+            reading = asyncio.ensure_future(self._read(call, applied, woken, reports))
             try:
-                after = epoch = 0
-                async for frame in call:
-                    kind = frame.WhichOneof("frame")
-                    if kind == "ops":
-                        self._apply(frame.ops.ops, applied)
-                        woken.set()
-                    elif kind == "rows":
-                        await self._rows(frame.rows)
-                    elif kind == "begin":
-                        after, epoch = frame.begin.seq, frame.begin.epoch
-                        self.primary_id = frame.begin.primary
-                        await self._begin()
-                    elif kind == "end":
-                        await self._install()
-                        self.durable = after
-                        self.state = "following"
-                        self._outage.over()  # its end: the line below
-                        self._broken_at, self._warned = None, False
-                        log.info(
-                            "snapshot installed: following the primary",
-                            primary=self.primary_id,
-                            seq=after,
-                        )
-                        reports.put_nowait(pb.ReplicaReport(durable=after))
-                        if self.on_synced is not None:
-                            self.on_synced(epoch)
+                # Either ends it: the primary's stream, or a write our disk refused (full,
+                # say). Then the stream closes at once, so the primary drops us now rather
+                # than after its failure-timeout with its writes waiting for us.
+                done, _ = await asyncio.wait(
+                    (reading, confirming), return_when=asyncio.FIRST_COMPLETED
+                )
+                failed = [err for err in (task.exception() for task in done) if err is not None]
+                if failed:
+                    raise failed[0]
             finally:
-                confirming.cancel()
-                reporting.cancel()
+                for task in (reading, confirming, reporting):
+                    task.cancel()
+                for _, write in applied:  # after one failed, those behind it are not waited for
+                    write.add_done_callback(_retrieved)
+
+    async def _read(
+        self,
+        call: aio.StreamStreamCall,
+        applied: deque[tuple[int, asyncio.Future[None]]],
+        woken: asyncio.Event,
+        reports: asyncio.Queue[pb.ReplicaReport],
+    ) -> None:
+        """Every frame of the primary's stream: the snapshot, then its writes."""
+        after = epoch = 0
+        async for frame in call:
+            kind = frame.WhichOneof("frame")
+            if kind == "ops":
+                self._apply(frame.ops.ops, applied)
+                woken.set()
+            elif kind == "rows":
+                await self._rows(frame.rows)
+            elif kind == "begin":
+                after, epoch = frame.begin.seq, frame.begin.epoch
+                self.primary_id = frame.begin.primary
+                await self._begin()
+            elif kind == "end":
+                await self._install()
+                self.durable = after
+                self.state = "following"
+                self._outage.over()  # its end: the line below
+                self._broken_at, self._warned = None, False
+                log.info(
+                    "snapshot installed: following the primary",
+                    primary=self.primary_id,
+                    seq=after,
+                )
+                reports.put_nowait(pb.ReplicaReport(durable=after))
+                if self.on_synced is not None:
+                    self.on_synced(epoch)
 
     async def _report(
         self, call: aio.StreamStreamCall, reports: asyncio.Queue[pb.ReplicaReport]
@@ -423,3 +444,9 @@ def _put_in_place(path: Path) -> None:
 def _unmark(directory: Path) -> None:
     (directory / SWAP_MARKER).unlink(missing_ok=True)
     sqlite_file.fsync_dir(directory)
+
+
+def _retrieved(write: asyncio.Future[None]) -> None:
+    """A write's outcome nobody waits for any more: taken, so asyncio does not log it."""
+    if not write.cancelled():
+        write.exception()

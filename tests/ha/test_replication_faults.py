@@ -19,6 +19,7 @@ process, armed to kill itself at a step.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import sqlite3
@@ -31,6 +32,7 @@ from typing import Any
 
 import pytest
 from conftest import REPO, TESTS
+from disk_images import disks
 from grpc import aio
 from replication_pair import (
     BIG,
@@ -170,6 +172,35 @@ async def test_a_backup_too_far_behind_is_dropped_and_catches_up_from_a_fresh_sn
             assert gate.lost == 1
             assert b.follower.durable == p.replicator.seq
             assert contents(b.follower.paths["store"].parent) == contents(p.data_dir)
+
+
+async def test_a_backup_whose_disk_fills_leaves_at_once_and_catches_up_once_it_has_room(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The backup's data on a small disk of its own (tests/disk_images.py), filled while it
+    follows: the first write it cannot hold ends its stream there and then, so the primary
+    drops it at once (not after its failure-timeout, here ten minutes, with its writes
+    waiting), and the writes behind the failed one leave no error unretrieved. Freed, the
+    backup catches up from a fresh snapshot and holds what the primary holds."""
+    gate = Gate(at_once=True)
+    with disks(tmp_path, ("backup",), 16) as made:
+        disk = made["backup"]
+        async with primary(tmp_path / "primary", gate) as p:
+            await p.send(20)
+            b = Backup(p.address, disk.mount)
+            async with running(b):
+                await in_sync(p, b)
+                disk.fill()
+                # Writes that wait for the backup until it fails one, then for nothing.
+                await asyncio.wait_for(p.send(20, b"x" * 4096), WAIT_S)
+                assert gate.lost == 1 and b.broken >= 1
+                assert not gate.backup_in_sync
+                disk.free()
+                await in_sync(p, b)
+                assert gate.synced == 2
+                assert contents(disk.mount) == contents(p.data_dir)
+        gc.collect()  # a future whose error nobody took logs it when collected
+    assert not [r for r in caplog.records if r.name == "asyncio"], caplog.text
 
 
 async def drained(backup: replication._Backup) -> bool:
