@@ -87,6 +87,7 @@ class StoreBase(ABC, Generic[Handle]):
         self._thread: threading.Thread | None = None
         self._closed = False
         self._compaction_wanted = False
+        self._failing = False  # writes fail (logged once) until one succeeds again
         # ha: the primary's replication sees every write record here, in call order
         self.tap: sqlite_file.Tap[StoreWrite] | None = None
 
@@ -291,10 +292,15 @@ class StoreBase(ABC, Generic[Handle]):
                         errors.append(None)
                     except Exception as exc_one:
                         errors.append(self._failure(exc_one))
+        if self._failing and None in errors:
+            self._failing = False
+            log.info("store writes succeed again", path=str(self.path))
         sqlite_file.settle(batch, errors)
 
     def _failure(self, exc: Exception) -> StoreError:
-        log.warning("store write failed", path=str(self.path), error=str(exc))
+        if not self._failing:  # once per run of failures: a full disk fails every write
+            self._failing = True
+            log.warning("store write failed", path=str(self.path), error=str(exc))
         error = StoreError(f"{self.path}: write failed: {exc}")
         error.__cause__ = exc
         return error

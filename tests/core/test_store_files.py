@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from store_harness import KIB, by_key, let_tasks_run, msg, naming, writer_blocked
+from structlog.testing import capture_logs
 
 from broker import store as store_module
 from broker.journal_store import JournalStore
@@ -49,6 +50,31 @@ async def test_a_write_that_finds_no_room_frees_the_reserve_then_waits_until_clo
     reopened = kind.open(tmp_path / "store")
     assert [m.msg_id for m in reopened.load_messages()] == [1]
     await reopened.close()
+
+
+async def test_a_store_that_cannot_write_warns_once_until_a_write_succeeds_again(
+    tmp_path: Path,
+) -> None:
+    """Without `on_full` (a backup's store) a write that does not fit fails. A full disk fails
+    every write: one warning says so, not one a write, and one line says when writes succeed
+    again."""
+    s = Store.open(tmp_path / "store", max_bytes=256 * KIB)
+    try:
+        with capture_logs() as logged:
+            for n in range(2, 6):
+                with pytest.raises(StoreError, match="write failed"):
+                    await s.write(added=[msg(n, body=b"x" * (1024 * KIB))])
+            await s.write(added=[msg(1)])
+            with pytest.raises(StoreError, match="write failed"):
+                await s.write(added=[msg(6, body=b"x" * (1024 * KIB))])
+    finally:
+        await s.close()
+    said = [(e["log_level"], e["event"]) for e in logged if e["log_level"] != "debug"]
+    assert said == [
+        ("warning", "store write failed"),
+        ("info", "store writes succeed again"),
+        ("warning", "store write failed"),
+    ]
 
 
 async def test_cancelling_the_waiter_does_not_cancel_the_write(store: Store) -> None:
