@@ -3,7 +3,8 @@
 The compose cluster with every node paired (docker-compose.ha-all.yml, six containers; the
 image built as `make up` builds it, as pinmq:test or $PINMQ_TEST_IMAGE), the drills' audited
 grouped load, and the nemesis's schedule for `--seed` over `--minutes` (tests/nemesis.py: kills,
-pauses and network cuts of one container or two at once, whole-stack restarts, overlapping).
+pauses and network cuts of one container or two at once, whole-stack restarts, overlapping;
+a container's data disk filled and freed).
 It prints the schedule first, each fault as it starts, then `pinmq check`'s verdict and the
 availability of every group: its longest stall, the share of the run it was served, and the
 faults that held during that stall. A failing seed prints its schedule and the command that

@@ -1,9 +1,11 @@
 """The chaos run: the compose cluster with every node paired (docker-compose.ha-all.yml), the
 drills' audited grouped load (tests/ha_load.py: the Python client and stomp.py, every client
 with its pair's addresses), and a nemesis that carries out a seeded schedule of overlapping
-faults (tests/nemesis.py). It ends with every fault undone, every pair in sync, every
-confirmed message acked, and `pinmq check` over every audit log: 0 lost, 0 duplicates, 0 order
-and 0 exclusivity violations, or the run fails printing its seed and schedule.
+faults (tests/nemesis.py), every container's data on a small disk of its own that the
+nemesis fills to its limit now and then (tests/disk_images.py). It ends with every fault
+undone, every pair in sync, every confirmed message acked, and `pinmq check` over every audit
+log: 0 lost, 0 duplicates, 0 order and 0 exclusivity violations, or the run fails printing
+its seed and schedule.
 
 Then availability per group, from the check's group stalls (a second or more between two of a
 group's first deliveries while the load sends to it every few tens of milliseconds): the
@@ -15,13 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 from compose_nodes import HA_ALL, ComposeCluster
+from disk_images import Disk, disks
 from ha_load import PY_GROUPS, QUEUE, HaLoad
 from nemesis import Fault, schedule
 from watchdog import watchdog
@@ -31,6 +34,7 @@ from broker.client import PinmqError
 TURNS = 20  # messages per group per round of the load (each round a new producer)
 PAUSE_S = 0.05  # between two sends of a group
 BOUND_S = 900.0  # beyond the run itself: up, settle, drain and check; past it, a hang
+DISK_MB = 256  # each container's data disk: a fill takes what the store leaves of it
 
 
 async def chaos(
@@ -44,26 +48,29 @@ async def chaos(
     """A whole run in `workdir`: the cluster up, the load, the faults, the verdict, the
     cluster removed (its containers' logs kept in containers.log). On failure the seed and
     the schedule are printed first."""
-    cluster = ComposeCluster(workdir, image, monkeypatch, ha_all=True)
-    load = HaLoad(cluster, workdir / "history", cluster.access)
-    run = ChaosRun(cluster, load, schedule(seed, seconds, HA_ALL), seconds, seed, say)
-    say(run.plan())
-    try:
-        async with watchdog(seconds + BOUND_S, f"the chaos run of seed {seed}"):
-            try:
-                await asyncio.to_thread(cluster.start)
-                await load.start()
-                stats = await run.run(workdir / "report")
-            finally:
-                await load.close()
-    except BaseException:
-        replay = f"make chaos SEED={seed} MINUTES={seconds / 60:g}"
-        say(f"FAILED: {run.plan()}\nreplay: {replay}")
-        raise
-    finally:
-        logs = await asyncio.to_thread(cluster.compose, "logs", "--no-color", "-t")
-        (workdir / "containers.log").write_text(logs)
-        await asyncio.to_thread(cluster.down)
+    with disks(workdir, HA_ALL, DISK_MB) as made:
+        data = {name: disk.mount for name, disk in made.items()}
+        cluster = ComposeCluster(workdir, image, monkeypatch, ha_all=True, data=data)
+        load = HaLoad(cluster, workdir / "history", cluster.access)
+        faults = schedule(seed, seconds, HA_ALL, disks=HA_ALL)
+        run = ChaosRun(cluster, load, faults, seconds, seed, say, disks=made)
+        say(run.plan())
+        try:
+            async with watchdog(seconds + BOUND_S, f"the chaos run of seed {seed}"):
+                try:
+                    await asyncio.to_thread(cluster.start)
+                    await load.start()
+                    stats = await run.run(workdir / "report")
+                finally:
+                    await load.close()
+        except BaseException:
+            replay = f"make chaos SEED={seed} MINUTES={seconds / 60:g}"
+            say(f"FAILED: {run.plan()}\nreplay: {replay}")
+            raise
+        finally:
+            logs = await asyncio.to_thread(cluster.compose, "logs", "--no-color", "-t")
+            (workdir / "containers.log").write_text(logs)
+            await asyncio.to_thread(cluster.down)
     return run, stats
 
 
@@ -104,6 +111,7 @@ class ChaosRun:
     started_ns: int = 0
     ended_ns: int = 0
     replaced: int = 0  # consumers replaced
+    disks: Mapping[str, Disk] = field(default_factory=dict)  # what `fill` faults fill
 
     async def run(self, report: Path) -> dict[str, Any]:
         self.started_ns = time.time_ns()
@@ -162,6 +170,9 @@ class ChaosRun:
 
     def _do(self, fault: Fault) -> None:
         c = self.cluster
+        if fault.kind == "fill":
+            self.disks[fault.targets[0]].fill()
+            return
         if fault.kind == "stack":
             c.compose("stop", "-t", "30", timeout=180)
         for target in fault.targets:
@@ -172,6 +183,9 @@ class ChaosRun:
 
     def _undo(self, fault: Fault) -> None:
         c = self.cluster
+        if fault.kind == "fill":
+            self.disks[fault.targets[0]].free()
+            return
         if fault.kind == "stack":
             c.compose("start", timeout=180)
         for target in fault.targets:

@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,7 @@ HA_ALL = ("node1", "node1-backup", "node2", "node2-backup", "node3", "node3-back
 # The image the container tests build: pinmq:test, or $PINMQ_TEST_IMAGE (two checkouts testing
 # on one engine at once).
 IMAGE = os.environ.get("PINMQ_TEST_IMAGE", "pinmq:test")
+DATA_IN_CONTAINER = "/var/lib/pinmq/data"  # deploy/compose/*.yaml node.data-dir
 AUDIT_IN_CONTAINER = "/var/lib/pinmq/data/audit"  # deploy/compose/*.yaml audit.dir
 
 
@@ -90,10 +92,17 @@ class ComposeCluster:
     """One compose cluster; `start` brings it up healthy, `down` removes everything."""
 
     def __init__(
-        self, workdir: Path, image: str, monkeypatch: pytest.MonkeyPatch, ha_all: bool = False
+        self,
+        workdir: Path,
+        image: str,
+        monkeypatch: pytest.MonkeyPatch,
+        ha_all: bool = False,
+        data: Mapping[str, Path] | None = None,
     ) -> None:
         """`ha_all`: docker-compose.ha-all.yml on top, every node a pair; the clients of
-        node2 and node3 then take both processes' addresses."""
+        node2 and node3 then take both processes' addresses. `data`: a host directory to
+        mount as a service's data directory instead of its named volume (a disk of its own,
+        tests/disk_images.py)."""
         env = compose_env(workdir, image)
         for key, value in env.items():
             monkeypatch.setenv(key, value)  # testcontainers runs `docker compose` with them
@@ -110,7 +119,10 @@ class ComposeCluster:
             audit.chmod(0o777)  # the container's non-root user writes there
             client, stomp = self.ports[name]
             ports = [f"127.0.0.1:{client}:7601", f"127.0.0.1:{stomp}:61613", "127.0.0.1::8161"]
-            services[name] = {"ports": ports, "volumes": [f"{audit}:{AUDIT_IN_CONTAINER}"]}
+            volumes = [f"{audit}:{AUDIT_IN_CONTAINER}"]
+            if data is not None and name in data:
+                volumes.append(f"{data[name]}:{DATA_IN_CONTAINER}")
+            services[name] = {"ports": ports, "volumes": volumes}
         override = workdir / "compose-test.yaml"
         override.write_text(_override_yaml(services))
         files = ["docker-compose.yml", *(["docker-compose.ha-all.yml"] if ha_all else [])]

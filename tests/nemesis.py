@@ -4,8 +4,12 @@ A fault hits one container or two at once (`kill`: SIGKILL, then started again; 
 frozen, then thawed; `disconnect`: off the cluster network, then back), or the whole stack
 (`stack`: every container stopped, then started). Faults overlap: a new one may start while
 others hold, on containers they leave alone; a `stack` fault waits until nothing else holds,
-and nothing starts while it does. `schedule(seed, seconds, services)` is the same list for the
-same arguments, whatever runs it (bench/chaos.py).
+and nothing starts while it does. Apart from those, a `fill` fault fills one service's disk
+to its limit, then frees it (tests/disk_images.py), one disk at a time: a disk is not its
+container, so a fill may overlap any container fault, its own container's too. Fills are drawn
+from a stream of their own, so the container faults of a seed are the same with disks or
+without. `schedule(seed, seconds, services, disks=...)` is the same list for the same
+arguments, whatever runs it (bench/chaos.py).
 """
 
 from __future__ import annotations
@@ -46,13 +50,25 @@ class Mix:
     two_at_once: float = 0.25
     stack: float = 0.04
     quiet_end_s: float = 10.0
+    fill_gap_s: float = 40.0  # the mean pause between two disk fills
+    fill_hold_s: tuple[float, float] = (2.0, 10.0)
 
 
 def schedule(
-    seed: int, seconds: float, services: Sequence[str], mix: Mix | None = None
+    seed: int,
+    seconds: float,
+    services: Sequence[str],
+    mix: Mix | None = None,
+    disks: Sequence[str] = (),
 ) -> list[Fault]:
-    """The faults of a run of `seconds` over `services`, in start order."""
+    """The faults of a run of `seconds` over `services` (and fills of `disks`), in start
+    order."""
     mix = mix or Mix()
+    faults = _containers(seed, seconds, services, mix) + _fills(seed, seconds, disks, mix)
+    return sorted(faults, key=lambda f: f.at_s)
+
+
+def _containers(seed: int, seconds: float, services: Sequence[str], mix: Mix) -> list[Fault]:
     rng = random.Random(seed)
     busy: dict[str, float] = {}  # container -> until when a fault holds it
     stack_until = 0.0
@@ -74,4 +90,17 @@ def schedule(
                 for target in targets:
                     busy[target] = t + hold
         t += max(0.5, rng.expovariate(1 / mix.mean_gap_s))
+    return faults
+
+
+def _fills(seed: int, seconds: float, disks: Sequence[str], mix: Mix) -> list[Fault]:
+    if not disks:
+        return []
+    rng = random.Random(f"fill-{seed}")
+    faults: list[Fault] = []
+    t = rng.uniform(mix.fill_gap_s / 4, mix.fill_gap_s)
+    while t < seconds - mix.quiet_end_s:
+        hold = round(min(rng.uniform(*mix.fill_hold_s), seconds - mix.quiet_end_s - t), 2)
+        faults.append(Fault(round(t, 2), "fill", (rng.choice(list(disks)),), hold))
+        t += hold + max(1.0, rng.expovariate(1 / mix.fill_gap_s))
     return faults

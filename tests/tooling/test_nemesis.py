@@ -34,3 +34,15 @@ def test_a_long_run_draws_every_kind_alone_and_two_at_once_overlapping_and_ends_
     assert any(a.at_s < b.at_s < a.until_s for a, b in itertools.pairwise(faults))
     assert all(f.until_s <= 1800 - mix.quiet_end_s + 0.01 for f in faults)
     assert [f.at_s for f in faults] == sorted(f.at_s for f in faults)
+
+
+def test_disk_fills_come_one_at_a_time_and_leave_the_container_faults_as_they_were() -> None:
+    for seed in range(40):
+        plain = schedule(seed, 1800, SERVICES)
+        faults = schedule(seed, 1800, SERVICES, disks=SERVICES)
+        fills = [f for f in faults if f.kind == "fill"]
+        assert [f for f in faults if f.kind != "fill"] == plain  # a seed replays either way
+        assert fills and {len(f.targets) for f in fills} == {1}
+        assert all(a.until_s <= b.at_s for a, b in itertools.pairwise(fills)), seed
+        assert [f.at_s for f in faults] == sorted(f.at_s for f in faults)
+    assert {f.targets[0] for f in fills} == set(SERVICES)  # over a long run, every disk
