@@ -26,7 +26,7 @@ import pytest
 from compose_nodes import HA_ALL, ComposeCluster
 from disk_images import Disk, disks
 from ha_load import PY_GROUPS, QUEUE, HaLoad
-from nemesis import Fault, schedule
+from nemesis import Fault, schedule, waits_for
 from watchdog import watchdog
 
 from broker.client import PinmqError
@@ -152,15 +152,17 @@ class ChaosRun:
     async def _nemesis(self) -> None:
         loop = asyncio.get_running_loop()
         start = loop.time()
-        undoing: list[asyncio.Task[None]] = []
+        undoing: list[tuple[Fault, asyncio.Task[None]]] = []
         for fault in self.faults:
             await asyncio.sleep(max(0.0, start + fault.at_s - loop.time()))
+            await asyncio.gather(*(task for f, task in undoing if waits_for(f, fault)))
             applied = Applied(fault, time.time_ns())
             self.applied.append(applied)
             self.say(f"fault {fault.describe()}")
             await asyncio.to_thread(self._do, fault)
-            undoing.append(asyncio.create_task(self._undo_later(applied, start + fault.until_s)))
-        await asyncio.gather(*undoing)
+            undo = self._undo_later(applied, start + fault.until_s)
+            undoing.append((fault, asyncio.create_task(undo)))
+        await asyncio.gather(*(task for _, task in undoing))
         await asyncio.sleep(max(0.0, start + self.seconds - loop.time()))
 
     async def _undo_later(self, applied: Applied, at: float) -> None:

@@ -54,6 +54,15 @@ class Mix:
     fill_hold_s: tuple[float, float] = (2.0, 10.0)
 
 
+def waits_for(earlier: Fault, fault: Fault) -> bool:
+    """Whether `fault` may start only once `earlier` is undone: the schedule keeps them apart,
+    but undoing takes time (a whole stack's start, seconds) and a container must be back
+    before its next fault. Disks and containers are apart: a fill never waits for a kill."""
+    if (earlier.kind == "fill") != (fault.kind == "fill"):
+        return False
+    return "stack" in (earlier.kind, fault.kind) or bool(set(earlier.targets) & set(fault.targets))
+
+
 def schedule(
     seed: int,
     seconds: float,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 
-from nemesis import ONE, Mix, schedule
+from nemesis import ONE, Fault, Mix, schedule, waits_for
 
 SERVICES = ("node1", "node1-backup", "node2", "node2-backup", "node3", "node3-backup")
 
@@ -46,3 +46,15 @@ def test_disk_fills_come_one_at_a_time_and_leave_the_container_faults_as_they_we
         assert all(a.until_s <= b.at_s for a, b in itertools.pairwise(fills)), seed
         assert [f.at_s for f in faults] == sorted(f.at_s for f in faults)
     assert {f.targets[0] for f in fills} == set(SERVICES)  # over a long run, every disk
+
+
+def test_a_fault_waits_for_the_undoing_of_an_earlier_one_on_its_containers_or_the_stack() -> None:
+    kill = Fault(1.0, "kill", ("node1", "node2"), 2.0)
+    assert waits_for(kill, Fault(3.0, "pause", ("node2",), 1.0))
+    assert not waits_for(kill, Fault(3.0, "pause", ("node3",), 1.0))
+    stack = Fault(5.0, "stack", (), 2.0)
+    assert waits_for(stack, Fault(7.0, "pause", ("node3",), 1.0))
+    assert waits_for(kill, stack)
+    fill = Fault(1.0, "fill", ("node1",), 9.0)
+    assert not waits_for(fill, kill) and not waits_for(stack, fill)  # a disk is no container
+    assert waits_for(fill, Fault(10.0, "fill", ("node1",), 1.0))
