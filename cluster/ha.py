@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import os
 import random
 import time
 from collections.abc import Callable
@@ -24,7 +22,7 @@ import grpc
 import structlog
 from grpc import aio
 
-from broker import channels, sqlite_file
+from broker import channels
 from broker.config import NodeConfig
 from broker.engine import NotServing
 from broker.info import HaPairStatus
@@ -42,6 +40,7 @@ from cluster.failover_messages import (
 from cluster.failover_states import Role
 from cluster.failover_voting import Ballot, Timing, Voter, quorum
 from cluster.ha_wire import from_pb, to_pb
+from cluster.state_file import StateFile
 from pinmq_pb import cluster_pb2 as pb
 from pinmq_pb import cluster_pb2_grpc as pb_grpc
 
@@ -75,24 +74,6 @@ def _ballot(data: dict[str, Any] | None) -> Ballot | None:
     return Ballot(data["voted"], data["granted"], Record(**data["record"]))
 
 
-def _write_json(path: Path, data: Any) -> None:
-    """Atomically and durably: a crash leaves the old file or the new one."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    sqlite_file.fsync_dir(path.parent)
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-
-
 def _caller(message: Message) -> str:
     match message:
         case Heartbeat() | HeartbeatReply() | VoteReply() | Handover():
@@ -109,8 +90,8 @@ class VoterRegistry:
     """
 
     def __init__(self, data_dir: Path) -> None:
-        self.path = data_dir / VOTES_FILE
-        saved = _read_json(self.path) or {}
+        self.file = StateFile(data_dir / VOTES_FILE)
+        saved = self.file.read() or {}
         now = now_ms()
         self.voters = {
             logical: Voter(logical, Timing(failure_timeout=data["promise_ms"]), now, _ballot(data))
@@ -138,16 +119,20 @@ class VoterRegistry:
             reply = voter.on_vote_request(message, now_ms())
         else:
             return []
-        if voter.changed:
-            self._persist()
+        if voter.changed and not self._persist():
+            return []  # not on disk: the reply may not leave (a vote forgotten is a vote twice)
         return [to_pb(logical, reply)]
 
-    def _persist(self) -> None:
-        data = {}
-        for logical, voter in self.voters.items():
+    def _persist(self) -> bool:
+        data = {
+            logical: {**asdict(voter.ballot), "promise_ms": voter.timing.failure_timeout}
+            for logical, voter in self.voters.items()
+        }
+        if not self.file.save(data):
+            return False
+        for voter in self.voters.values():
             voter.changed = False
-            data[logical] = {**asdict(voter.ballot), "promise_ms": voter.timing.failure_timeout}
-        _write_json(self.path, data)
+        return True
 
 
 class PairShell:
@@ -163,8 +148,8 @@ class PairShell:
         self.name = config.node.id
         self.primary = ha.role == "primary"
         self.tls = config.tls_files  # failover messages ride on mutual TLS, when set
-        self.path = Path(config.node.data_dir) / STATE_FILE
-        saved = _read_json(self.path) or {}
+        self.file = StateFile(Path(config.node.data_dir) / STATE_FILE)
+        saved = self.file.read() or {}
         self.logical: str | None = saved.get("logical") or (self.name if self.primary else None)
         self.peer_address: str | None = saved.get("peer_address") or ha.primary
         peer = saved.get("peer") or ("" if self.primary else (self.logical or ""))
@@ -299,13 +284,15 @@ class PairShell:
         if self.logical is None and not self.primary and envelope.to_peer:
             self.logical = envelope.logical  # the backup learns whom it backs up
             self.member.peer = envelope.logical
-            self._persist(force=True)
+            if not self._persist(force=True):
+                return []
         if envelope.logical != self.logical:
             return []
         caller = _caller(message)
         sends = self.member.receive(message, now_ms())
         back = [s for s in sends if s.to == caller]
-        self._handle([s for s in sends if s.to != caller])
+        if not self._handle([s for s in sends if s.to != caller]):
+            return []  # not on disk: nothing that depends on it goes back either
         assert self.logical is not None
         return [self._envelope(s.message) for s in back]
 
@@ -319,8 +306,11 @@ class PairShell:
             return envelope.to_peer and not self.primary
         return envelope.logical == self.logical
 
-    def _handle(self, sends: list[Send]) -> None:
-        self._persist()
+    def _handle(self, sends: list[Send]) -> bool:
+        """Save the member's state, then send; False (nothing sent, as if lost) if the state
+        could not be saved."""
+        if not self._persist():
+            return False
         for send in sends:
             address = self.peer_address if send.to == self.member.peer else send.to
             if address and self.logical is not None:
@@ -343,6 +333,7 @@ class PairShell:
                 retry = changed == {"role"} and {before["role"], now["role"]} <= ASKING
                 (log.debug if retry else log.info)("failover state", **now)
             self.on_change()
+        return True
 
     async def _deliver(self, address: str, send: Send) -> None:
         assert self.logical is not None
@@ -386,21 +377,23 @@ class PairShell:
                     future.set_result(None)
             self._waiting_alone.clear()
 
-    def _persist(self, force: bool = False) -> None:
+    def _persist(self, force: bool = False) -> bool:
+        """Whether the member's state is on disk (saved now if it changed)."""
         member = self.member
         if not (member.changed or force):
-            return
-        member.changed = False
-        _write_json(
-            self.path,
+            return True
+        saved = self.file.save(
             {
                 "logical": self.logical,
                 "peer": member.peer,
                 "peer_address": self.peer_address,
                 "ballot": asdict(member.ballot),
                 "durable": asdict(member.durable),
-            },
+            }
         )
+        if saved:
+            member.changed = False  # only now: until then whatever would go out waits for it
+        return saved
 
 
 def known_pairs(
