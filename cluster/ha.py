@@ -200,7 +200,17 @@ class PairShell:
         return future
 
     def backup_synced(self) -> None:
+        """The backup holds every write up to where writes began to wait for it: those that
+        wait to be acknowledged alone were tapped before (in its snapshot or shipped to it),
+        so they are on its disk too. They are acknowledged now: the voters, told it is in
+        sync, will not hear otherwise while it stays so, and they would wait for good (a
+        fresh primary's writes during its backup's first snapshot stalled a chaos run)."""
         self._handle(self.member.backup_synced(now_ms()))
+        if self.member.may_serve(now_ms()):
+            waiting, self._waiting_alone = self._waiting_alone, []
+            for future in waiting:
+                if not future.done():
+                    future.set_result(None)
         if self._backup_watch is not None:
             self._backup_watch.cancel()
             self._backup_watch = None

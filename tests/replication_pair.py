@@ -65,6 +65,11 @@ class Gate:
         self.synced += 1
         self.backup_in_sync = True
         self.voters_know = False  # they heard "in sync": a write without it must wait
+        # The writes that waited to be acknowledged alone are on the backup now (PairShell).
+        waiting, self._waiting = self._waiting, []
+        for future in waiting:
+            if not future.done():
+                future.set_result(None)
 
     def backup_lost(self) -> None:
         self.lost += 1
