@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,6 +37,7 @@ HA_ALL = ("node1", "node1-backup", "node2", "node2-backup", "node3", "node3-back
 # The image the container tests build: pinmq:test, or $PINMQ_TEST_IMAGE (two checkouts testing
 # on one engine at once).
 IMAGE = os.environ.get("PINMQ_TEST_IMAGE", "pinmq:test")
+FREEZE_TRIES = 20  # `docker pause`'s freezer may give up while a process waits on its disk
 DATA_IN_CONTAINER = "/var/lib/pinmq/data"  # deploy/compose/*.yaml node.data-dir
 AUDIT_IN_CONTAINER = "/var/lib/pinmq/data/audit"  # deploy/compose/*.yaml audit.dir
 
@@ -147,9 +149,17 @@ class ComposeCluster:
         return self.stack.get_container(service, include_all=True).ID
 
     def docker(self, *args: str, service: str) -> str:
-        """`docker <args> <the service's container>` (kill, pause, restart, inspect...)."""
+        """`docker <args> <the service's container>` (kill, pause, restart, inspect...).
+
+        A pause the kernel's freezer gives up on ("unable to freeze": a process of the
+        container in uninterruptible sleep, an fsync to a loop-mounted disk say) is tried again
+        a few times: it is the tool failing, not the node."""
         command = ["docker", *args, self.container(service)]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        for _ in range(FREEZE_TRIES):
+            done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+            if "unable to freeze" not in done.stderr:
+                break
+            time.sleep(0.1)
         assert done.returncode == 0, f"{' '.join(command)}: {done.stderr}"
         return done.stdout
 
