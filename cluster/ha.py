@@ -401,8 +401,9 @@ class PairShell:
                 "durable": asdict(member.durable),
             }
         )
-        if saved:
-            member.changed = False  # only now: until then whatever would go out waits for it
+        # Cleared only once saved: until then whatever would go out waits for it (a forced
+        # save that failed counts as a change, so the next one tries again).
+        member.changed = not saved
         return saved
 
 
