@@ -206,11 +206,7 @@ class PairShell:
         sync, will not hear otherwise while it stays so, and they would wait for good (a
         fresh primary's writes during its backup's first snapshot stalled a chaos run)."""
         self._handle(self.member.backup_synced(now_ms()))
-        if self.member.may_serve(now_ms()):
-            waiting, self._waiting_alone = self._waiting_alone, []
-            for future in waiting:
-                if not future.done():
-                    future.set_result(None)
+        self._settle_waiting(backup_holds_them=True)
         if self._backup_watch is not None:
             self._backup_watch.cancel()
             self._backup_watch = None
@@ -371,7 +367,7 @@ class PairShell:
                 message = replace(message, sender=address)  # a voter is its address to us
             self._handle(self.member.receive(message, now_ms()))
 
-    def _settle_waiting(self) -> None:
+    def _settle_waiting(self, backup_holds_them: bool = False) -> None:
         if not self._waiting_alone:
             return
         member, now = self.member, now_ms()
@@ -381,7 +377,7 @@ class PairShell:
                 if not future.done():
                     future.set_exception(error)
             self._waiting_alone.clear()
-        elif member.may_ack(now, replicated=False):
+        elif backup_holds_them or member.may_ack(now, replicated=False):
             for future in self._waiting_alone:
                 if not future.done():
                     future.set_result(None)

@@ -142,31 +142,32 @@ class ChaosRun:
 
     async def _empty(self) -> bool:
         """No serving process holds a message (a passive one answers nothing)."""
-        for name in HA_ALL:
-            url = f"127.0.0.1:{self.cluster.ports[name][0]}"
-            try:
-                async with self.cluster.access.client(url) as client:
-                    if any(q.depth for q in await client.queues()):
-                        return False
-            except PinmqError:
-                continue
-        return True
+        return not any(isinstance(q, dict) and q for q, _ in (await self._held()).values())
 
     async def _holding(self) -> str:
         """Every process's queues with messages, and the groups that hold some, as it says."""
         lines = []
+        for name, (queues, groups) in (await self._held()).items():
+            held = f"queues {queues}; groups {groups}" if groups is not None else queues
+            lines.append(f"{name}: {held}")
+        return "\n".join(lines)
+
+    async def _held(self) -> dict[str, tuple[Any, list[Any] | None]]:
+        """Per process: its queues that hold messages and its groups that do, or the error
+        code it answered with (and None)."""
+        found: dict[str, tuple[Any, list[Any] | None]] = {}
         for name in HA_ALL:
             url = f"127.0.0.1:{self.cluster.ports[name][0]}"
             try:
                 async with self.cluster.access.client(url) as client:
                     queues = {q.name: q.depth for q in await client.queues() if q.depth}
-                    found = (await client.cluster_groups(QUEUE)).groups
+                    groups = (await client.cluster_groups(QUEUE)).groups
             except PinmqError as err:
-                lines.append(f"{name}: {err.code}")
+                found[name] = (err.code, None)
                 continue
-            groups = [g for g in found if g.pending or g.outstanding or not g.bound]
-            lines.append(f"{name}: queues {queues}; groups {groups}")
-        return "\n".join(lines)
+            held = [g for g in groups if g.pending or g.outstanding or not g.bound]
+            found[name] = (queues, held)
+        return found
 
     # ---- the faults ------------------------------------------------------------------------
 
