@@ -136,7 +136,8 @@ class ChaosRun:
             # ack was lost it is back in a queue: wait until no process holds any.
             await waiting.until("every queue empty", self._empty, DRAIN_S, every=0.5)
         except AssertionError as err:  # what the nodes hold says where the rest waits
-            raise AssertionError(f"seed {self.seed}: {err}\n{await self._holding()}") from None
+            held, where = await self._holding(), self.load.where()
+            raise AssertionError(f"seed {self.seed}: {err}\n{held}\n{where}") from None
         await self.load.close()
         return await self.load.verdict(report)
 
