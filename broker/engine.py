@@ -40,7 +40,7 @@ from broker.store_files import open_store, store_path
 from broker.store_reads import StoreClosed, StoreError
 from broker.streams import Outlets, ReceiptFor
 from broker.unit import Unit
-from broker.writes import Write, Writes
+from broker.writes import Write, Writes, shielded
 
 TICK_S = 0.05
 SWEEP_S = 1.0  # how often idle auto-created queues are looked for
@@ -372,7 +372,7 @@ class Engine:
             if counted or receipts:
                 gates.add(write)
             self._outlets.push(fx.deliveries, receipts, gates)
-        return write
+        return None if write is None else shielded(write)
 
     def _apply_plain(self, fx: Effects) -> Write | None:
         return self._apply(fx, [], None)
@@ -386,7 +386,7 @@ class Engine:
 
     def _store_call(self, call: Coroutine[Any, Any, None]) -> Write:
         assert self._writes is not None, "engine not opened"
-        return self._writes.watch(call)
+        return shielded(self._writes.watch(call))
 
     def _groups(self, queue: str) -> bool:
         """Whether `queue` groups its messages (store-and-forward queues do not)."""

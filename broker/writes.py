@@ -16,6 +16,7 @@ from broker.config import NodeConfig
 from broker.effects import Delivery, Effects
 from broker.message import Message
 from broker.store_base import StoreBase
+from broker.store_reads import StoreError
 
 Write = asyncio.Future[None]
 
@@ -80,7 +81,9 @@ class Writes:
         return future
 
     def _check(self, future: Write) -> None:
-        if not future.cancelled() and future.exception() is not None:
+        if future.cancelled():  # whether it is on disk is unknown, and deliveries wait for it
+            self._fail(StoreError(f"{self.store.path}: a store write was cancelled"))
+        elif future.exception() is not None:
             self._fail(future.exception())  # type: ignore[arg-type]
 
     def _with_originals(
@@ -127,6 +130,23 @@ class Writes:
                     del unwritten[m.msg_id]
 
         write.add_done_callback(written)
+
+
+def shielded(write: Write) -> Write:
+    """What a caller of the engine awaits for `write`: cancelling the caller (a client gone
+    mid-send) cancels this, never the write, which later deliveries wait for (a cancelled one
+    once stopped every delivery of a node, silently). Its outcome is taken even if nobody
+    waits for it: the write's failure fails the node anyway (`_check`)."""
+    if write.done():
+        return write
+    view = asyncio.shield(write)
+    view.add_done_callback(_taken)
+    return view
+
+
+def _taken(view: Write) -> None:
+    if not view.cancelled():
+        view.exception()
 
 
 async def _all(writes: Sequence[Write]) -> None:
