@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import waiting
 from compose_nodes import HA_ALL, ComposeCluster
+from consumer_waits import where
 from disk_images import Disk, disks
 from ha_load import PY_GROUPS, QUEUE, HaLoad
 from nemesis import Fault, schedule, waits_for
@@ -136,8 +137,8 @@ class ChaosRun:
             # ack was lost it is back in a queue: wait until no process holds any.
             await waiting.until("every queue empty", self._empty, DRAIN_S, every=0.5)
         except AssertionError as err:  # what the nodes hold says where the rest waits
-            held, where = await self._holding(), self.load.where()
-            raise AssertionError(f"seed {self.seed}: {err}\n{held}\n{where}") from None
+            held, waits = await self._holding(), where(self.load)
+            raise AssertionError(f"seed {self.seed}: {err}\n{held}\n{waits}") from None
         await self.load.close()
         return await self.load.verdict(report)
 

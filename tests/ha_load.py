@@ -22,10 +22,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
-import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
@@ -325,18 +323,6 @@ async def connected(client: Client) -> None:
             await asyncio.sleep(0.2)
 
 
-def _awaits(task: asyncio.Task[Any]) -> str:
-    """A task's await chain, innermost last: function:line of each coroutine."""
-    links, coro = [], task.get_coro()
-    while coro is not None and getattr(coro, "cr_frame", None) is not None:
-        frame = coro.cr_frame
-        links.append(f"{frame.f_code.co_name}:{frame.f_lineno}")
-        coro = coro.cr_await
-    if coro is not None:
-        links.append(type(coro).__name__)
-    return " > ".join(links)
-
-
 CLOSE_LIMIT_S = 30.0  # cancelled consumers end in a moment: past this one ignored its cancel
 
 
@@ -456,30 +442,6 @@ class HaLoad:
         for w in self.workers:
             every |= w.acked | w.unsure
         return every
-
-    def where(self) -> str:
-        """Where each consumer waits (its await chain, and its Python consumer's state), for
-        a drain that did not finish."""
-        lines = []
-        for w in self.workers:
-            if w.task is None or w.task.done():
-                continue
-            lines.append(f"{w.name}: held {len(w.held)}; awaits {_awaits(w.task)}")
-            consumer = w.task.get_coro().cr_frame.f_locals.get("consumer")  # Worker.run's
-            if consumer is not None:
-                call = consumer._call
-                lines.append(
-                    f"  consumer at {consumer._client.target} (gen {consumer._generation}/"
-                    f"{consumer._client.generation}): buffered {len(consumer._buffer)}, "
-                    f"receipts {sorted(consumer._receipts)}, resuming {consumer._resuming}, "
-                    f"ended {consumer._ended}, call done {call is None or call.done()}"
-                )
-        thread = self.stomp_consumer.thread
-        frame = sys._current_frames().get(thread.ident) if thread.ident is not None else None
-        if frame is not None:
-            stack = traceback.format_stack(frame)[-4:]
-            lines.append("stomp-consumer thread:\n" + "".join(stack).rstrip())
-        return "\n".join(lines)
 
     async def drained(self) -> None:
         """Until every confirmed message is acked by some consumer."""
