@@ -53,6 +53,9 @@ XDIST_GROUPS = {
     # test_compose's image is a module fixture too.
     "test_ha.py": "failover drills",
     "test_compose.py": "failover drills",
+    # The chaos run beside them, on a worker of its own: faults are what it is made of, and
+    # in the failover drills' line it made that line alone take 22 minutes.
+    "test_chaos.py": "chaos run",
     # The console's browser test kills the pair's primary too, with a Chromium on top: not
     # beside a drill.
     "test_console.py": "failover drills",
