@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from engine_queue import one_queue
+
 from broker.clock import now_ns
-from broker.config import NodeConfig, QueueConfig
+from broker.config import NodeConfig
 from broker.engine import Engine
 from broker.message import Outgoing
 from broker.sending import LocalSendPath
@@ -20,12 +22,7 @@ from broker.store_writes import StoreWrite
 async def test_a_send_cancelled_while_its_write_waits_stops_no_delivery(tmp_path: Path) -> None:
     config = NodeConfig.model_validate({"node": {"id": "node1", "data-dir": str(tmp_path)}})
     engine = Engine(config)
-    engine.open()
-    engine.start()
-    try:
-        await engine.create_queue("q", "q", QueueConfig())
-        with engine.unit() as unit:
-            stream = unit.subscribe("q", "c1", "worker", 10)
+    async with one_queue(engine) as stream:
         path = LocalSendPath()
 
         async def send(body: bytes) -> None:
@@ -57,5 +54,3 @@ async def test_a_send_cancelled_while_its_write_waits_stops_no_delivery(tmp_path
             bodies += [d.message.body for d in batch]  # type: ignore[union-attr]
         assert bodies == [b"first", b"second"]
         assert not engine.failed.done()
-    finally:
-        await engine.close()
