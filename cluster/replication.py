@@ -379,6 +379,8 @@ async def _write(
     finally:
         given_up = not writing.done()
         if given_up:
+            # gRPC may finish a write it was told to drop with an error: nobody awaits it now.
+            writing.add_done_callback(lambda w: w.cancelled() or w.exception())
             writing.cancel()
     if given_up:
         raise BackupLost("dropped while a frame was on its way")
