@@ -106,5 +106,7 @@ def test_a_channel_follows_a_name_to_its_new_address() -> None:
             f"srv2 answered {len(wrong)} calls for it meanwhile"
         )
     finally:
-        subprocess.run(["docker", "rm", "-f", *names.values()], capture_output=True, timeout=60)
+        subprocess.run(
+            ["docker", "rm", "-f", "-v", *names.values()], capture_output=True, timeout=60
+        )
         subprocess.run(["docker", "network", "rm", network], capture_output=True, timeout=60)
