@@ -1,19 +1,21 @@
-"""The LOCAL node's replicated backup: failover gap and the cost of synchronous replication.
+"""An ha pair: failover gap and the cost of synchronous replication, and a backup's catch-up.
 
-Real `pinmq node` processes on loopback (bench/harness): node1 (ha primary), node1-backup,
-node2 and node3 (REMOTE, the voters), defaults for every ha setting. Every process is stopped
-on exit, error, Ctrl-C or SIGTERM; nothing is asserted on timing.
+Real `pinmq node` processes on loopback (bench/harness): node1 (LOCAL), node2 and node3
+(REMOTE), one of them (`--pair`, node1 unless told) an ha primary with a backup
+(`<node>-backup`) whose voters are the other two nodes; defaults for every ha setting. Every
+process is stopped on exit, error, Ctrl-C or SIGTERM; nothing is asserted on timing.
 
 1. Failover gap, over `--drills` fresh clusters: a grouped producer sends one persistent
-   message every 10 ms through the pair's two addresses while a consumer reads them; node1 is
-   killed with SIGKILL. Printed: from the kill to the first send the backup confirmed, and to
-   the first message sent after the kill that the consumer received; p50 and max.
-2. Cost of synchronous replication: persistent grouped sends to node1 through the Python
-   client (`send_many`, 8 groups) and through STOMP (SEND frames, a receipt every 100), with
-   the backup in sync, then in the same cluster after the backup is stopped (the primary goes
-   on alone), as the baseline; after a warm-up, the median of `--rounds` rounds each.
-   Printed: msg/s each and the ratio.
-3. Catch-up of a fresh backup: node1 serves alone (the backup not launched) while `--pending`
+   message every 10 ms through the pair's two addresses while a consumer reads them; the
+   pair's primary is killed with SIGKILL. Printed: from the kill to the first send the backup
+   confirmed, and to the first message sent after the kill that the consumer received; p50
+   and max. For node2's pair the group's route is asked of node1, the arbiter, which stays up.
+2. Cost of synchronous replication: persistent grouped sends to the pair's primary through the
+   Python client (`send_many`, 8 groups) and through STOMP (SEND frames, a receipt every 100),
+   with the backup in sync, then in the same cluster after the backup is stopped (the primary
+   goes on alone), as the baseline; after a warm-up, the median of `--rounds` rounds each.
+   Printed: msg/s each and the ratio (`--messages 0`: no part 2).
+3. Catch-up of node1's fresh backup: node1 serves alone (the backup not launched) while `--pending`
    persistent grouped messages fill a queue with no consumer; then a fresh backup (empty data
    dir) is launched while a steady load (a persistent grouped send every `--interval-ms` to a
    second queue, a consumer reading it) runs on node1. Printed: from the launch to the snapshot
@@ -23,7 +25,7 @@ on exit, error, Ctrl-C or SIGTERM; nothing is asserted on timing.
    node1 gets SIGKILL and the backup must answer with all pending messages in the queue (exit
    status 1 if not; also if not in sync within `--sync-limit` s).
 
-Usage: python bench/ha.py [--drills N] [--messages N] [--rounds R]
+Usage: python bench/ha.py [--pair node1|node2] [--drills N] [--messages N] [--rounds R]
                           [--catchup] [--pending N] [--interval-ms MS] [--baseline S]
                           [--sync-limit S]
 (`--catchup`: part 3 only; `--pending 0`: no part 3)
@@ -63,28 +65,32 @@ FILL_CHUNK = 100_000  # fill progress is printed after each
 FAILOVER_WAIT_S = 600.0  # a bound on the backup answering after the kill, not a target
 PROGRESS_S = 10.0  # catch-up progress is printed this often
 GROUPS = [f"g{i}" for i in range(8)]
-NAMES = ("node1", "node1-backup", "node2", "node3")
+NODES = ("node1", "node2", "node3")
+PAIRS = ("node1", "node2")  # the LOCAL arbiter's pair, a REMOTE node's pair
 WAIT_S = 60.0
 DRAIN_S = 10.0  # after the producer stops: time for the consumer to get what was confirmed
 
 
-def _config(name: str, home: Path, listen: dict[str, str], clusters: dict[str, str]) -> dict:
-    pair = name.startswith("node1")
-    voters = [clusters["node2"], clusters["node3"]]
+def _config(
+    name: str, home: Path, listen: dict[str, str], clusters: dict[str, str], pair: str
+) -> dict:
+    """`pair`: the node with a backup (node1: the LOCAL arbiter; node2: a REMOTE node)."""
+    node = pair if name.startswith(pair) else name
     config: dict[str, Any] = {
         "node": {"id": name, "data-dir": str(home / "data")},
         "listen": listen,
         "log": {"format": "json", "level": "info"},
         "cluster": {
-            "connectors": voters if pair else [a for n, a in clusters.items() if n != name],
+            # every process of the other nodes: a pair's voters, the routes between nodes
+            "connectors": [a for n, a in clusters.items() if not n.startswith(node)],
             "reconnect-interval": 200,
         },
-        "grouping-handler": {"type": "LOCAL" if pair else "REMOTE"},
+        "grouping-handler": {"type": "LOCAL" if node == "node1" else "REMOTE"},
     }
-    if name == "node1":
+    if name == pair:
         config["ha"] = {"role": "primary"}
-    elif name == "node1-backup":
-        config["ha"] = {"role": "backup", "primary": clusters["node1"]}
+    elif name == f"{pair}-backup":
+        config["ha"] = {"role": "backup", "primary": clusters[pair]}
     return config
 
 
@@ -109,29 +115,32 @@ def _wait(what: str, check: Any) -> None:
 
 
 @contextmanager
-def ha_cluster(workdir: Path, backup: bool = True) -> Iterator[dict[str, NodeProc]]:
-    """The four processes serving, the backup in sync; without `backup`, node1-backup is
-    configured but not launched (the primary serves alone until it is)."""
+def ha_cluster(
+    workdir: Path, backup: bool = True, pair: str = "node1"
+) -> Iterator[dict[str, NodeProc]]:
+    """The three nodes serving, `pair` with its backup in sync; without `backup`, the backup
+    is configured but not launched (the primary serves alone until it is)."""
+    names = (*NODES, f"{pair}-backup")
     listens = {
         n: {k: f"127.0.0.1:{reserve_port()}" for k in ("client", "stomp", "cluster", "http")}
-        for n in NAMES
+        for n in names
     }
-    clusters = {n: listens[n]["cluster"] for n in NAMES}
+    clusters = {n: listens[n]["cluster"] for n in names}
     nodes: dict[str, NodeProc] = {}
     try:
-        for name in NAMES:
+        for name in names:
             home = workdir / name
             home.mkdir(parents=True)
-            config = _config(name, home, listens[name], clusters)
+            config = _config(name, home, listens[name], clusters, pair)
             (home / "node.yaml").write_text(yaml.safe_dump(config))
             node = NodeProc(name, listens[name], config["grouping-handler"]["type"], home)
-            if backup or name != "node1-backup":
+            if backup or name != f"{pair}-backup":
                 node.launch()
             nodes[name] = node
-        for name in ("node2", "node3", "node1"):
+        for name in sorted(NODES, key=lambda n: n == pair):  # the pair's voters first
             wait_serving(nodes[name])
         if backup:
-            _wait("the backup in sync", lambda: _ha(nodes["node1"]).get("backup_in_sync"))
+            _wait("the backup in sync", lambda: _ha(nodes[pair]).get("backup_in_sync"))
         yield nodes
     finally:
         stop(*(n.proc for n in nodes.values() if n.proc is not None))
@@ -140,15 +149,15 @@ def ha_cluster(workdir: Path, backup: bool = True) -> Iterator[dict[str, NodePro
 # ---- 1. failover gap
 
 
-async def _drill(workdir: Path) -> tuple[float, float]:
-    """One drill on a fresh cluster (bench/harness/gap.py): kill -9 of node1."""
-    with ha_cluster(workdir) as nodes:
-        url = f"{nodes['node1'].url},{nodes['node1-backup'].url}"
+async def _drill(workdir: Path, pair: str) -> tuple[float, float]:
+    """One drill on a fresh cluster (bench/harness/gap.py): kill -9 of `pair`'s primary."""
+    with ha_cluster(workdir, pair=pair) as nodes:
+        url = f"{nodes[pair].url},{nodes[f'{pair}-backup'].url}"
         async with Client(url) as admin:
             await admin.create_queue(QUEUE)
 
         async def kill() -> None:
-            nodes["node1"].proc.send_signal(signal.SIGKILL)
+            nodes[pair].proc.send_signal(signal.SIGKILL)
 
         gap = await gap_drill(url, QUEUE, kill, WAIT_S, DRAIN_S)
         if gap.error:
@@ -222,14 +231,16 @@ async def _rates(primary: NodeProc, messages: int, rounds: int) -> tuple[float, 
     return statistics.median(python), statistics.median(stomp)
 
 
-async def _cost(workdir: Path, messages: int, rounds: int) -> dict[str, tuple[float, float]]:
-    with ha_cluster(workdir) as nodes:
-        primary = nodes["node1"]
+async def _cost(
+    workdir: Path, pair: str, messages: int, rounds: int
+) -> dict[str, tuple[float, float]]:
+    with ha_cluster(workdir, pair=pair) as nodes:
+        primary = nodes[pair]
         async with Client(primary.url) as admin:
             await admin.create_queue(QUEUE)
         await _rates(primary, messages // 4, 1)  # warm-up, not counted
         synced = await _rates(primary, messages, rounds)
-        stop(nodes["node1-backup"].proc)
+        stop(nodes[f"{pair}-backup"].proc)
         _wait("the primary alone", lambda: _ha(primary).get("backup_in_sync") is False)
         alone = await _rates(primary, messages, rounds)
         return {"python": (synced[0], alone[0]), "stomp": (synced[1], alone[1])}
@@ -424,6 +435,9 @@ async def _catchup(
 
 def main() -> bool:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--pair", choices=PAIRS, default="node1", help="the node with a backup, parts 1 and 2"
+    )
     parser.add_argument("--drills", type=int, default=10)
     parser.add_argument("--messages", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=3)
@@ -439,7 +453,7 @@ def main() -> bool:
     with tempfile.TemporaryDirectory(prefix="pinmq-bench-ha-") as tmp:
         work = Path(tmp)
         if not args.catchup:
-            _gap_and_cost(work, args.drills, args.messages, args.rounds)
+            _gap_and_cost(work, args.pair, args.drills, args.messages, args.rounds)
         if args.pending:
             interval_s = args.interval_ms / 1000
             ok = asyncio.run(
@@ -448,17 +462,17 @@ def main() -> bool:
     return ok
 
 
-def _gap_and_cost(work: Path, drills: int, messages: int, rounds: int) -> None:
-    """Parts 1 and 2, printed."""
+def _gap_and_cost(work: Path, pair: str, drills: int, messages: int, rounds: int) -> None:
+    """Parts 1 and 2 on `pair`, printed."""
     sends, seens = [], []
     for i in range(drills):
-        send_gap, seen_gap = asyncio.run(_drill(work / f"drill{i}"))
+        send_gap, seen_gap = asyncio.run(_drill(work / f"drill{i}", pair))
         sends.append(send_gap)
         seens.append(seen_gap)
         gaps = f"send {send_gap * 1000:.0f} ms, delivery {seen_gap * 1000:.0f} ms"
         print(f"drill {i + 1}: first after kill -9: {gaps}", file=sys.stderr)
     if drills:
-        print(f"failover gap over {drills} drills (kill -9 of node1, defaults):")
+        print(f"failover gap over {drills} drills (kill -9 of {pair}, defaults):")
     for label, gaps_s in (
         ("first grouped send confirmed", sends),
         ("first delivery through the backup", seens),
@@ -466,9 +480,11 @@ def _gap_and_cost(work: Path, drills: int, messages: int, rounds: int) -> None:
         if gaps_s:
             p50, top = statistics.median(gaps_s) * 1000, max(gaps_s) * 1000
             print(f"  {label}: p50 {p50:.0f} ms, max {top:.0f} ms")
-    cost = asyncio.run(_cost(work / "cost", messages, rounds))
+    if not messages:
+        return
+    cost = asyncio.run(_cost(work / "cost", pair, messages, rounds))
     print(
-        f"persistent grouped sends to node1, {messages} messages of 100 bytes, "
+        f"persistent grouped sends to {pair}, {messages} messages of 100 bytes, "
         f"8 groups, median of {rounds} rounds:"
     )
     for label, (synced, alone) in cost.items():
