@@ -9,8 +9,10 @@ through --password-file: never in argv, never in an assertion message.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -47,6 +49,7 @@ class ClientAccess:
         that log in (`conn.connect(**access.stomp(conn, hosts), wait=...)`)."""
         if self.ca is not None:
             conn.set_ssl(for_hosts=hosts, ca_certs=str(self.ca))
+            conn.transport.disconnect_socket = functools.partial(drop_tls, conn.transport)
         if self.user is None or self.password is None:
             return {}
         return {"username": self.user, "passcode": self.password}
@@ -83,3 +86,19 @@ def dev_access() -> ClientAccess:
     password_file = SECRETS / f"{USER}.password"
     password = password_file.read_text(encoding="utf-8").splitlines()[0]
     return ClientAccess(SECRETS / "ca.crt", USER, password, password_file)
+
+
+def drop_tls(transport: Any) -> None:
+    """stomp.py's `disconnect_socket` for a TLS connection, safe from any thread: it ends the
+    receiver thread's read by shutting the TCP socket down, and that thread closes the socket.
+
+    stomp.py's own does the TLS close (`SSLSocket.unwrap`) from the thread that disconnects,
+    its heartbeat thread on a timeout, while the receiver thread may be inside SSL_read on the
+    same SSL object, which OpenSSL forbids. On a frozen node the close waits for the node's
+    reply, and once it thaws both threads read: a chaos run's process died of it (SIGSEGV in
+    libssl, after a pair was paused), and until then the client noticed nothing."""
+    transport.running = False
+    sock = transport.socket
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)
