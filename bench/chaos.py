@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import json
 import tempfile
 from pathlib import Path
@@ -38,6 +39,7 @@ def main() -> bool:
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None, help="faults and availability, as JSON")
     args = parser.parse_args()
+    faulthandler.enable()  # a crash of the runner (its TLS clients, say) prints every thread
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="pinmq-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
     print(f"chaos: seed {args.seed}, {args.minutes:g} min, in {workdir}", flush=True)
