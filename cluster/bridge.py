@@ -28,6 +28,7 @@ from broker import channels, logs
 from broker.config import ClusterSection, QueueConfig
 from broker.core import CoreError
 from broker.effects import Delivery
+from broker.engine import NotServing
 from broker.message import Outgoing
 from broker.streams import ConsumerStream
 from broker.unit import Placement, Unit
@@ -92,7 +93,9 @@ class ForwardReceiver:
     def __init__(self, cluster: BridgeHost) -> None:
         self.cluster = cluster
         self._accepted: dict[str, int] = {}  # origin key -> highest seq enqueued (maybe unwritten)
-        self._writes: dict[str, asyncio.Future[None]] = {}  # origin key -> latest mark write
+        # origin key -> the latest mark's write, kept once done: an ack of a seq it accepted
+        # waits for it, and a write that failed (the node is stopping) acks nothing more.
+        self._writes: dict[str, asyncio.Future[None]] = {}
         self.duplicates = 0
         self.dropped = 0
 
@@ -100,7 +103,17 @@ class ForwardReceiver:
         self._accepted = dict(marks)
 
     def receive(self, batch: pb.ForwardBatch) -> tuple[int, asyncio.Future[None] | None]:
-        """Enqueue a batch now; returns the seq to acknowledge and the write to await first."""
+        """Enqueue a batch now; returns the seq to acknowledge and the write to await first.
+
+        A seq counts as accepted as soon as it is enqueued, before its write is done, so that
+        batches can follow each other; a batch of seqs already accepted (the bridge's resend
+        after a broken stream) is acknowledged once the write that accepted them is done, and
+        never if it failed: a write refused while this process stops (it lost its node) left
+        the messages in the core only, and a resend taken as their duplicate was lost. A
+        failed write fails the engine, so every later write fails too: a new batch's ack,
+        which waits for its own write, never covers an earlier batch that did not reach the
+        disk.
+        """
         key = f"{batch.origin}/{batch.origin_store}"
         mark = top = self._accepted.get(key, 0)
         admission = self.cluster.admission
@@ -114,8 +127,7 @@ class ForwardReceiver:
             if top != mark:
                 unit.mark(key, top)
         if top == mark:
-            write = self._writes.get(key)
-            return mark, write if write is not None and not write.done() else None
+            return mark, self._writes.get(key)  # None: the mark came from the store
         self._accepted[key] = top
         # One write for the messages and the mark, like any send's, so the messages are
         # audited (`sent` here) and gate their deliveries the same way.
@@ -177,6 +189,8 @@ class ForwardReceiver:
             await reader  # raises what ended the reading
         except _Misrouted as err:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+        except NotServing as err:  # the node is stopping: the bridge tries again, elsewhere
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
         finally:
             reader.cancel()
 
