@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import os
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -189,6 +190,45 @@ def _parser() -> argparse.ArgumentParser:
         "--once", dest="iterations", action="store_const", const=1, help="one poll, then exit"
     )
 
+    load = verbs.add_parser(
+        "load", parents=[client], help="an audited grouped load, for `pinmq check` to judge"
+    )
+    load.add_argument("--queue", required=True, help="created if it does not exist")
+    load.add_argument(
+        "--groups", type=_positive, default=12, metavar="N", help="default: %(default)s"
+    )
+    load.add_argument(
+        "--producers", type=_positive, default=2, metavar="P", help="clients that send"
+    )
+    load.add_argument(
+        "--consumers", type=_positive, default=2, metavar="C", help="clients that ack"
+    )
+    load.add_argument(
+        "--rate",
+        type=_positive_float,
+        default=100.0,
+        metavar="R",
+        help="messages a second, all groups together (default: %(default)s)",
+    )
+    load.add_argument(
+        "--duration",
+        type=_not_negative,
+        default=60.0,
+        metavar="S",
+        help="seconds of sending; 0: until Ctrl-C (default: %(default)s)",
+    )
+    load.add_argument(
+        "--drain",
+        type=_not_negative,
+        default=30.0,
+        metavar="S",
+        help="then wait up to S seconds for every confirmed message's ack (default: %(default)s)",
+    )
+    load.add_argument(
+        "--size", type=_positive, default=100, metavar="BYTES", help="of each message's filler"
+    )
+    load.add_argument("--audit", metavar="DIR", help="the clients' audit logs (the history)")
+
     check = verbs.add_parser(
         "check", help="check audit logs for loss, duplicates, order and exclusivity (PySpark)"
     )
@@ -286,6 +326,13 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _not_negative(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value <= 0:
@@ -374,19 +421,24 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(run_user(args))
     if args.verb == "certs":  # exit 0 written, 1 refused, 2 usage
         sys.exit(_run_certs(args))
-    if args.verb == "top":  # loads rich's live display and the metrics parser
+    if args.verb == "load":  # exit 0 done, 1 confirmed messages not acked
+        from pinmq.load import run_load
+
+        verb: Callable[[argparse.Namespace], Awaitable[int | None]] = run_load
+    elif args.verb == "top":  # loads rich's live display and the metrics parser
         from pinmq.top import run_top
 
         verb = run_top
     else:
         verb = run_client
     try:
-        asyncio.run(verb(args))
+        status = asyncio.run(verb(args))
     except PinmqError as err:
         print(f"pinmq: error: {err}", file=sys.stderr)
         sys.exit(2 if isinstance(err, UsageError) else 1)
     except KeyboardInterrupt:  # how `top` ends
         sys.exit(0 if args.verb == "top" else 130)
+    sys.exit(status)
 
 
 if __name__ == "__main__":

@@ -362,20 +362,21 @@ def credentials(args: argparse.Namespace) -> tuple[str, str] | None:
     return args.user, password
 
 
-def client_of(args: argparse.Namespace) -> Client:
+def client_of(args: argparse.Namespace, **options: Any) -> Client:
     """A client of the node `args.url` names, with the command line's TLS files,
-    credentials, deadline and audit directory: every verb connects the same way."""
+    credentials, deadline and audit directory: every verb connects the same way. `options`:
+    more of `Client`'s, or others than these."""
     user, password = credentials(args) or (None, None)
-    return Client(
-        args.url,
-        audit=getattr(args, "audit", None),
-        call_timeout=getattr(args, "call_timeout", CALL_TIMEOUT_S),
-        on_blocked=_notice(every_s=10.0),
-        on_failover=_notice(),
-        tls=tls_files(args),
-        user=user,
-        password=password,
-    )
+    settings: dict[str, Any] = {
+        "audit": getattr(args, "audit", None),
+        "call_timeout": getattr(args, "call_timeout", CALL_TIMEOUT_S),
+        "on_blocked": _notice(every_s=10.0),
+        "on_failover": _notice(),
+        "tls": tls_files(args),
+        "user": user,
+        "password": password,
+    }
+    return Client(args.url, **{**settings, **options})
 
 
 async def run_client(args: argparse.Namespace) -> None:
