@@ -328,6 +328,11 @@ class ClusterMember:
     # ---- internals ----------------------------------------------------------------------------
 
     def _bridge(self, node_id: str) -> None:
+        """Start forwarding to `node_id`; not once stopping: `stop` has stopped the bridges
+        it found, and one started after would be left running (its messages wait in their
+        store-and-forward queue for the next start)."""
+        if self.stopping:
+            return
         if node_id not in self._bridges and self._started and node_id != self.node_id:
             bridge = self._bridges[node_id] = Bridge(self, node_id)
             bridge.start()

@@ -191,6 +191,9 @@ class Follower:
             finally:
                 for task in (reading, confirming, reporting):
                     task.cancel()
+                    # One may have failed just as this stream was cancelled (the follower
+                    # stops): its error is taken, not left for asyncio to log.
+                    task.add_done_callback(_retrieved)
                 for _, write in applied:  # after one failed, those behind it are not waited for
                     write.add_done_callback(_retrieved)
 
@@ -446,7 +449,7 @@ def _unmark(directory: Path) -> None:
     sqlite_file.fsync_dir(directory)
 
 
-def _retrieved(write: asyncio.Future[None]) -> None:
-    """A write's outcome nobody waits for any more: taken, so asyncio does not log it."""
+def _retrieved(write: asyncio.Future[Any]) -> None:
+    """An outcome nobody waits for any more: taken, so asyncio does not log it."""
     if not write.cancelled():
         write.exception()

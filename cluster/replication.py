@@ -374,13 +374,14 @@ async def _write(
     if gone.done():
         raise BackupLost("dropped")
     writing = asyncio.ensure_future(context.write(frame))
+    # Its outcome is taken even if nobody awaits it: gRPC may fail a write it was told to
+    # drop, or fail it just as this stream is cancelled.
+    writing.add_done_callback(lambda w: w.cancelled() or w.exception())
     try:
         await asyncio.wait((writing, gone), return_when=asyncio.FIRST_COMPLETED)
     finally:
         given_up = not writing.done()
         if given_up:
-            # gRPC may finish a write it was told to drop with an error: nobody awaits it now.
-            writing.add_done_callback(lambda w: w.cancelled() or w.exception())
             writing.cancel()
     if given_up:
         raise BackupLost("dropped while a frame was on its way")

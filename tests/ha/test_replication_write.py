@@ -42,3 +42,32 @@ async def test_a_frame_given_up_that_fails_later_logs_nothing() -> None:
     await asyncio.sleep(0.01)
     gc.collect()
     assert unhandled == []
+
+
+class _Failing:
+    """A stream whose write fails once the test says so."""
+
+    def __init__(self) -> None:
+        self.fail = asyncio.get_running_loop().create_future()
+
+    async def write(self, frame: Any) -> None:
+        await self.fail
+        raise RuntimeError("execute_batch failed")
+
+
+async def test_a_frame_that_fails_as_its_stream_is_cancelled_logs_nothing() -> None:
+    """The stream's task is cancelled (the backup went) in the same moment as its frame's
+    write fails: `_write` ends with CancelledError and its write's failure is still taken."""
+    loop = asyncio.get_running_loop()
+    unhandled: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _, context: unhandled.append(context))
+    context = _Failing()
+    stream = asyncio.ensure_future(_write(context, pb.ReplicationFrame(), loop.create_future()))  # type: ignore[arg-type]
+    await asyncio.sleep(0.01)
+    context.fail.set_result(None)
+    stream.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stream
+    await asyncio.sleep(0.01)
+    gc.collect()
+    assert unhandled == []
