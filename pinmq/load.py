@@ -67,16 +67,17 @@ async def run_load(args: argparse.Namespace) -> int:
         tally.failovers += 1
         print(f"pinmq: {text}", file=sys.stderr, flush=True)
 
-    def client(role: str, n: int) -> Client:
+    def connect(role: str, n: int) -> Client:
         return client_of(args, audit_name=f"load-{run}-{role}{n}", on_failover=moved)
 
-    producers = [client("p", n + 1) for n in range(args.producers)]
-    consumers = [client("c", n + 1) for n in range(args.consumers)]
+    producers = [connect("p", n + 1) for n in range(args.producers)]
+    consumers = [connect("c", n + 1) for n in range(args.consumers)]
     async with contextlib.AsyncExitStack() as stack:
         for c in (*consumers, *producers):
             await stack.enter_async_context(c)
         with contextlib.suppress(AlreadyExists):
-            await producers[0].create_queue(args.queue)
+            client = producers[0]
+            await client.create_queue(args.queue)
         started = time.monotonic()
         printing = asyncio.ensure_future(_progress(tally, started))
         reading = [asyncio.ensure_future(_consume(c, args.queue, tally)) for c in consumers]

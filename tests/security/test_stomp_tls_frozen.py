@@ -64,7 +64,7 @@ def test_a_frozen_node_is_noticed_while_frozen_and_its_socket_closed_by_one_thre
     conn.set_listener("test", listener)
     access = ClientAccess(ca=tmp_path / "certs" / "ca.crt")
     conn.connect(wait=True, **access.stomp(conn, hosts))
-    assert listener.connected.is_set()
+    assert listener.connected.wait(WAIT_S)  # told on stomp.py's receiver thread, maybe later
     assert node.proc is not None
     node.proc.send_signal(signal.SIGSTOP)
     try:

@@ -41,6 +41,8 @@ QUERIES = {
 OTHERS = {
     ("message", "ack"),  # the Python client's Received (pinmq/cli.py)
     ("client", "reset_groups"),  # the Python client's admin call (pinmq/cli.py)
+    ("client", "create_queue"),  # and another (pinmq/load.py)
+    ("producer", "send"),  # the Python client's producer (pinmq/load.py)
     ("parser", "release"),  # the STOMP frame parser frees its buffer
     ("member", "tick"),  # the failover state machine (cluster/ha.py)
     ("handler", "subscribe"),  # the LOCAL handler's removal subscriptions
