@@ -44,6 +44,7 @@ async def test_ctrl_c_ends_the_load_cleanly_with_a_history_pinmq_check_finds_cle
     node = NodeProcess(tmp_path / "node", {"audit": {"enabled": True, "flush-ms": 20}})
     history = tmp_path / "node" / "data" / "audit"  # the node's, and the clients' within it
     node.start()
+    load = None
     try:
         load = subprocess.Popen(
             [*PINMQ, "load", "--url", node.url, "--queue", "orders", "--groups", "6",
@@ -57,6 +58,9 @@ async def test_ctrl_c_ends_the_load_cleanly_with_a_history_pinmq_check_finds_cle
         load.send_signal(signal.SIGINT)
         out, err = load.communicate(timeout=60)
     finally:
+        if load is not None and load.poll() is None:  # the test failed first: no process left
+            load.kill()
+            load.communicate()
         node.stop()
     assert load.returncode == 0, err
     summary = SUMMARY.search(out)
