@@ -30,6 +30,7 @@ from broker.clock import now_ns
 from broker.config import NodeConfig, QueueConfig
 from broker.core import BrokerCore, CoreError
 from broker.effects import Effects
+from broker.futures import taken
 from broker.info import ConsumerInfo, GroupInfo, LaggingGroup, QueueCounts
 from broker.kept_index import KeptIndex
 from broker.pager import Pager
@@ -381,7 +382,7 @@ class Engine:
         err = NotServing(f"{self.config.node.id} is stopping: {self.failed.result()}")
         refused: Write = asyncio.get_running_loop().create_future()
         refused.set_exception(err)
-        refused.add_done_callback(lambda f: f.exception())  # a caller may not wait for it
+        refused.add_done_callback(taken)  # a caller may not wait for it
         return refused
 
     def _store_call(self, call: Coroutine[Any, Any, None]) -> Write:

@@ -14,6 +14,7 @@ from typing import Any
 
 from broker.config import NodeConfig
 from broker.effects import Delivery, Effects
+from broker.futures import taken
 from broker.message import Message
 from broker.store_base import StoreBase
 from broker.store_reads import StoreError
@@ -140,13 +141,8 @@ def shielded(write: Write) -> Write:
     if write.done():
         return write
     view = asyncio.shield(write)
-    view.add_done_callback(_taken)
+    view.add_done_callback(taken)
     return view
-
-
-def _taken(view: Write) -> None:
-    if not view.cancelled():
-        view.exception()
 
 
 async def _all(writes: Sequence[Write]) -> None:

@@ -32,6 +32,7 @@ import structlog
 from grpc import aio
 
 from broker import channels, sqlite_file
+from broker.futures import taken
 from broker.kept_index import KeptIndex
 from broker.store import Store, StoreError
 from broker.store_files import STORE_FILE
@@ -193,9 +194,9 @@ class Follower:
                     task.cancel()
                     # One may have failed just as this stream was cancelled (the follower
                     # stops): its error is taken, not left for asyncio to log.
-                    task.add_done_callback(_retrieved)
+                    task.add_done_callback(taken)
                 for _, write in applied:  # after one failed, those behind it are not waited for
-                    write.add_done_callback(_retrieved)
+                    write.add_done_callback(taken)
 
     async def _read(
         self,
@@ -447,9 +448,3 @@ def _put_in_place(path: Path) -> None:
 def _unmark(directory: Path) -> None:
     (directory / SWAP_MARKER).unlink(missing_ok=True)
     sqlite_file.fsync_dir(directory)
-
-
-def _retrieved(write: asyncio.Future[Any]) -> None:
-    """An outcome nobody waits for any more: taken, so asyncio does not log it."""
-    if not write.cancelled():
-        write.exception()

@@ -31,6 +31,7 @@ import structlog
 from grpc import aio
 
 from broker.engine import NotServing
+from broker.futures import taken
 from broker.histogram import Histogram
 from broker.sqlite_file import Pinned
 from cluster import replication_wire as wire
@@ -376,7 +377,7 @@ async def _write(
     writing = asyncio.ensure_future(context.write(frame))
     # Its outcome is taken even if nobody awaits it: gRPC may fail a write it was told to
     # drop, or fail it just as this stream is cancelled.
-    writing.add_done_callback(lambda w: w.cancelled() or w.exception())
+    writing.add_done_callback(taken)
     try:
         await asyncio.wait((writing, gone), return_when=asyncio.FIRST_COMPLETED)
     finally:

@@ -28,6 +28,7 @@ from pathlib import Path
 import structlog
 
 from broker import sqlite_file
+from broker.futures import taken
 from broker.sqlite_file import Request, Requests
 from handler.records import Binding, Key
 
@@ -159,7 +160,7 @@ class BindingStore:
                 shipped = self.tap(request.payload)
                 if shipped is not None:  # durable once on the backup too
                     future = _both(future, shipped)
-        future.add_done_callback(_retrieve)
+        future.add_done_callback(taken)
         return future
 
     # ---- writer thread ------------------------------------------------------------------
@@ -231,12 +232,6 @@ class BindingStore:
                 f"journal_size_limit = {JOURNAL_SIZE_LIMIT}",
             ],
         )
-
-
-def _retrieve(future: asyncio.Future[None]) -> None:
-    """Mark a failure as seen: deletes are fire-and-forget and their errors are logged."""
-    if not future.cancelled():
-        future.exception()
 
 
 def _both(local: asyncio.Future[None], shipped: asyncio.Future[None]) -> asyncio.Future[None]:

@@ -37,6 +37,7 @@ from broker.client.errors import (
 from broker.client.info import ClusterGroups, ClusterStatus
 from broker.client.producer import Producer
 from broker.credentials import Credentials
+from broker.futures import taken
 from broker.info import ConsumerInfo, GroupInfo, QueueInfo
 from broker.message import GROUP_ID_HEADER
 from broker.tls import TlsFiles
@@ -223,7 +224,7 @@ class Client:
             raise ConnectionLost("the client is closed: nothing was sent", "CANCELLED")
         if self._moving is None or self._moving.done():
             self._moving = asyncio.create_task(self._move_on())
-            self._moving.add_done_callback(_seen)
+            self._moving.add_done_callback(taken)
         return self._moving
 
     async def _move_on(self) -> None:
@@ -432,9 +433,3 @@ class Client:
         """The node's metrics in the Prometheus text format, as `GET /metrics` serves them
         (`manage` on every address with security on); parse them with prometheus-client."""
         return (await self._call("Metrics", pb.MetricsRequest())).text
-
-
-def _seen(task: asyncio.Task[None]) -> None:
-    """Mark a move's failure as seen: every waiter may have been cancelled."""
-    if not task.cancelled():
-        task.exception()
