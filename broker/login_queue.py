@@ -49,12 +49,14 @@ class LoginQueue(Generic[T]):
         )
         self._count = 0
         self._busy = False
+        self._closed = False  # the node stops: every check is refused, none is started
 
     def full(self, host: str) -> bool:
-        """Whether a check from `host` would be refused now: too many waiting, or the host is
-        out of failures."""
+        """Whether a check from `host` would be refused now: the queue closed, too many
+        waiting, or the host is out of failures."""
         return (
-            self._count >= self.total
+            self._closed
+            or self._count >= self.total
             or len(self._waiting.get(host, ())) >= self.per_host
             or self._tokens(host) < 1
         )
@@ -67,6 +69,8 @@ class LoginQueue(Generic[T]):
             fullest = max(self._budget, key=self._tokens)
             del self._budget[fullest]
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        if self._closed:  # as the checks waiting when it closed
+            future.cancel()
         self._waiting.setdefault(host, deque()).append((check, future))
         self._count += 1
         self._next()
@@ -85,6 +89,8 @@ class LoginQueue(Generic[T]):
         return min(FAILURES, tokens + (self.clock() - counted) / REFILL_S)
 
     def close(self) -> None:
+        """Cancel the waiting checks; the running one ends, and nothing starts after it."""
+        self._closed = True
         self._pool.shutdown(wait=False, cancel_futures=True)
         for jobs in self._waiting.values():
             for _, future in jobs:
@@ -93,7 +99,7 @@ class LoginQueue(Generic[T]):
 
     def _next(self) -> None:
         """Start the next host's oldest check if the worker is idle; that host goes last."""
-        while not self._busy and self._waiting:
+        while not self._busy and self._waiting and not self._closed:
             host, jobs = next(iter(self._waiting.items()))
             check, future = jobs.popleft()
             self._count -= 1

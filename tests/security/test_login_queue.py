@@ -59,6 +59,30 @@ async def test_checks_past_a_hosts_bound_or_the_total_are_refused_at_once() -> N
     queue.close()
 
 
+async def test_a_check_ending_after_close_starts_nothing_and_later_ones_are_refused() -> None:
+    """The node stopping closes the queue while a check runs and logins still arrive: the
+    running check ends, no new one is started on the shut worker (that raised in a callback,
+    which asyncio logged as an error), and every later check is refused (cancelled) at once."""
+    loop = asyncio.get_running_loop()
+    errors: list[dict[str, object]] = []
+    loop.set_exception_handler(lambda _, context: errors.append(context))
+    queue: LoginQueue[str] = LoginQueue()
+    gate = threading.Event()
+    running = asyncio.create_task(queue.run("a", lambda: gate.wait(5) and "a"))
+    await asyncio.sleep(0.05)  # a's check is running
+    waiting = asyncio.create_task(queue.run("b", lambda: "b"))
+    await asyncio.sleep(0)
+    queue.close()
+    assert queue.full("a") and queue.full("c")
+    late = asyncio.create_task(queue.run("c", lambda: "c"))  # a caller that did not ask
+    await asyncio.sleep(0)
+    gate.set()
+    assert await running == "a"
+    await asyncio.sleep(0.05)
+    assert waiting.cancelled() and late.cancelled()  # neither ever ran
+    assert errors == []
+
+
 async def test_a_host_out_of_failures_is_refused_until_its_budget_refills() -> None:
     now = [100.0]
     queue: LoginQueue[bool] = LoginQueue(clock=lambda: now[0])
