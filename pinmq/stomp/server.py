@@ -92,6 +92,7 @@ class StompServer:
         self.address = engine.config.listen.stomp
         self.connections: set[Connection] = set()
         self._server: asyncio.Server | None = None
+        self._stopping = False
         self._ids = itertools.count(1)
 
     async def start(self, accept: bool = True) -> None:
@@ -122,6 +123,7 @@ class StompServer:
 
     async def stop(self, grace_s: float = CLOSE_GRACE_S) -> None:
         """Stop accepting; tell every client the node is going, then drop what is left."""
+        self._stopping = True
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):
@@ -134,6 +136,9 @@ class StompServer:
             await asyncio.gather(*late, return_exceptions=True)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._stopping:  # its TLS handshake ended after `stop` looked: it would outlive it
+            writer.close()
+            return
         session_id = f"stomp-{next(self._ids)}"
         conn = Connection(
             self.engine, self.sending, reader, writer, session_id, self.authenticator, self.refusals
