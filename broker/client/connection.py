@@ -33,6 +33,7 @@ from broker.client.errors import (
     OutcomeUnknown,
     PinmqError,
     from_rpc,
+    moved_under,
 )
 from broker.client.info import ClusterGroups, ClusterStatus
 from broker.client.producer import Producer
@@ -328,13 +329,7 @@ class Client:
             except grpc.RpcError as err:
                 raise from_rpc(err, target) from None
             except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    raise  # this task was cancelled, not the call
-                # grpcio ends a unary call whose channel closed (the client moved) this way.
-                raise OutcomeUnknown(
-                    f"the client moved away from {target} during the call", "CANCELLED"
-                ) from None
+                raise moved_under("call", target) from None
 
         return await self._with_failover(attempt, repeat_unknown=not changes)
 

@@ -18,7 +18,13 @@ from grpc import aio
 
 from broker.audit_schema import MID_HEADER, Kind
 from broker.client.base import CONNECT_TIMEOUT_S, Link, SettleKind
-from broker.client.errors import ConnectionLost, OutcomeUnknown, PinmqError, from_rpc
+from broker.client.errors import (
+    ConnectionLost,
+    OutcomeUnknown,
+    PinmqError,
+    from_rpc,
+    moved_under,
+)
 from pinmq_pb import client_pb2 as pb
 
 log = logging.getLogger("pinmq.client")
@@ -298,6 +304,10 @@ class Consumer:
         except grpc.RpcError as err:
             if not (self._closing and err.code() == grpc.StatusCode.CANCELLED):
                 return from_rpc(err, self._node)
+        except asyncio.CancelledError:
+            error = moved_under("consume stream", self._node)  # raises if this task was cancelled
+            if not self._closing:
+                return error
         finally:
             writer.cancel()
             await asyncio.wait([writer])

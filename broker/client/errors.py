@@ -14,6 +14,8 @@ or on another node, may succeed.
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 
 from broker.channels import REFUSED_METADATA
@@ -127,3 +129,14 @@ def from_rpc(err: grpc.RpcError, target: str) -> PinmqError:
     if name in ("CANCELLED", "UNKNOWN", "INTERNAL"):
         return PinmqError(f"{target}: {details}", name)
     return error_for(name, f"refused by {target}: {details}")
+
+
+def moved_under(what: str, target: str) -> OutcomeUnknown:
+    """What grpcio's CancelledError from a call on `target` means when the task awaiting it
+    was not cancelled: the client closed the call's channel as it moved to another node
+    (`Client._move_on`), so whatever the call had sent has an unknown outcome. A task that
+    is being cancelled gets its CancelledError again."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+    return OutcomeUnknown(f"the client moved away from {target} during the {what}", "CANCELLED")

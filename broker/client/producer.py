@@ -26,6 +26,7 @@ from broker.client.errors import (
     PinmqError,
     error_for,
     from_rpc,
+    moved_under,
 )
 from broker.message import DUPLICATE_ID_HEADER, GROUP_SEQ_HEADER
 from pinmq_pb import client_pb2 as pb
@@ -198,6 +199,8 @@ class Producer:
                 failure.append(from_rpc(err, target))
             except PinmqError as err:
                 failure.append(err)
+            except asyncio.CancelledError:  # the stream, not this reader, was cancelled
+                failure.append(moved_under("send stream", target))
             if failure:
                 for _ in range(window):  # unblock the writer so it sees the failure
                     credit.release()

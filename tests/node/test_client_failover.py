@@ -120,6 +120,30 @@ async def test_a_consumer_goes_on_at_the_next_node_and_its_stale_messages_cannot
         await consumer.ack_many([m for m in got if m], wait=True)
 
 
+async def test_a_consumer_whose_channel_the_client_left_subscribes_again_where_it_moved(
+    node_factory: Nodes,
+) -> None:
+    """The consume stream's side of a move: its channel closed under it (CancelledError from
+    grpcio) is a dropped stream to resume, not the end of the consumer."""
+    a, b = node_factory(), node_factory()
+    queue = unique()
+    await create_on(queue, a, b)
+    async with (
+        Client(f"{a.url},{b.url}") as client,
+        client.consumer(queue, name="stays") as consumer,
+    ):
+        await client.producer(queue).send("at a")
+        got = await consumer.receive(timeout=GUARD_S)
+        assert got is not None and got.text == "at a"
+        moving = client._start_move(client.generation)
+        assert moving is not None
+        await moving
+        async with Client(b.url) as other:
+            await other.producer(queue).send("at b")
+        got = await consumer.receive(timeout=GUARD_S)
+        assert got is not None and got.text == "at b" and client.target == b.url
+
+
 async def test_unacked_messages_come_back_redelivered_when_the_node_returns(
     node_factory: Nodes,
 ) -> None:
@@ -181,6 +205,32 @@ async def test_a_send_cut_short_goes_again_to_the_next_node_as_the_same_messages
     assert set(at_a) >= set(range(1, confirmed[a.url] + 1))
     assert all(at_a[seq] == f"{prefix}:{seq}" for seq in at_a)
     print(f"a confirmed {confirmed[a.url]}, took {len(at_a) - confirmed[a.url]} more unconfirmed")
+
+
+async def test_a_send_stream_on_the_channel_the_client_left_goes_on_where_it_moved(
+    node_factory: Nodes,
+) -> None:
+    """A move (another call's failure, here asked for directly) closes the old channel under
+    a send stream in flight: grpcio ends that stream with CancelledError, which the send must
+    take as an unknown outcome to send again where the client went, not as its own
+    cancellation (`pinmq load` died of it when a fenced node's calls moved its client)."""
+    a, b = node_factory(), node_factory()
+    queue, n = unique(), 5000
+    await create_on(queue, a, b)
+    async with Client(f"{a.url},{b.url}") as client:
+        producer = client.producer(queue, group_id="g")
+        moving: list[object] = []
+
+        def sent(count: int) -> None:
+            if not moving:
+                moving.append(client._start_move(client.generation))
+
+        async with asyncio.timeout(GUARD_S):
+            ids = await producer.send_many(
+                (f"m{i}" for i in range(1, n + 1)), batch_size=5, window=8, on_sent=sent
+            )
+        assert len(ids) == n and client.target == b.url
+        assert await depth(client, queue) > 0  # b took what a had not confirmed
 
 
 async def test_a_send_whose_retry_gives_up_says_the_outcome_is_unknown_and_how_to_resend(
