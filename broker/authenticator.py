@@ -15,6 +15,7 @@ subject (under `client-auth`) names a user without a password.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import secrets
@@ -26,6 +27,7 @@ from broker.audit import AuditLog
 from broker.audit_schema import Kind
 from broker.config_security import SecuritySection
 from broker.credentials import Credentials
+from broker.futures import taken
 from broker.login_queue import LoginQueue
 from broker.permissions import Authorizer, Denied
 from broker.users import Principal, Users
@@ -55,6 +57,10 @@ class Authenticator:
         self._verified: OrderedDict[tuple[str, str], tuple[bytes, int, Access]] = OrderedDict()
         self._known: dict[str, bytes] = {}  # user -> digest of its last verified password
         self._known_generation = -1  # of the users file the digests were verified against
+        # (user, digest) -> its check under way: a burst of calls with the same credentials
+        # (clients reconnecting to a node that just took over) waits for one check, instead
+        # of each taking one of the host's tokens and the host's bound, and being refused.
+        self._checking: dict[tuple[str, bytes], asyncio.Future[Principal | None]] = {}
 
     @classmethod
     def of(cls, security: SecuritySection | None, audit: AuditLog | None) -> Authenticator | None:
@@ -79,6 +85,11 @@ class Authenticator:
                 principal = self.users.principal(user)
                 if principal is not None:
                     return self.access(principal)
+        if user is not None and digest is not None:
+            checking = self._checking.get((user, digest))
+            if checking is not None:  # the same password of the same user, being checked
+                principal = await asyncio.shield(checking)
+                return self._outcome(principal, user, peer)
         host = _host(peer)
         if self._queue.full(host):
             self._warn_once(
@@ -86,13 +97,26 @@ class Authenticator:
             )
             self._failed(user, peer)
             return None
-        principal = await self._queue.run(host, lambda: self.users.authenticate(user, password))
+        check = self._queue.run(host, lambda: self.users.authenticate(user, password))
+        if user is None or digest is None:
+            return self._outcome(await check, user, peer)
+        checking = asyncio.ensure_future(check)
+        checking.add_done_callback(taken)
+        self._checking[(user, digest)] = checking
+        try:
+            principal = await asyncio.shield(checking)
+        finally:
+            del self._checking[(user, digest)]
+        if principal is not None:
+            self._queue.succeeded(host)
+            if self._known_generation == self.users.generation():
+                self._known[principal.name] = digest  # verified against the file still in force
+        return self._outcome(principal, user, peer)
+
+    def _outcome(self, principal: Principal | None, user: str | None, peer: str) -> Access | None:
         if principal is None:
             self._failed(user, peer)
             return None
-        self._queue.succeeded(host)
-        if digest is not None and self._known_generation == self.users.generation():
-            self._known[principal.name] = digest  # verified against the file still in force
         return self.access(principal)
 
     def _digest(self, password: str) -> bytes:

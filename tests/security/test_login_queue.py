@@ -127,6 +127,28 @@ async def test_a_known_password_gets_in_at_once_while_its_host_is_flooded(users_
         auth.close()
 
 
+async def test_a_burst_of_calls_with_the_same_credentials_waits_for_one_check(
+    users_file: Path,
+) -> None:
+    """Clients reconnecting to a node that just took over send many calls at once with the
+    same credentials, before any check ended: each used to take one of the host's tokens
+    (and a place in its bound), and past eight the rest were refused ("authentication
+    failed") though the password was right. They now share one check; a burst of one wrong
+    password costs one token, not the host's whole budget."""
+    auth = Authenticator(Users(users_file), Authorizer({}))
+    try:
+        wrong = await asyncio.gather(
+            *(auth.login("admin", "wrong-Zq81", f"10.0.0.7:{4000 + i}") for i in range(40))
+        )
+        assert wrong == [None] * 40
+        right = await asyncio.gather(
+            *(auth.login("admin", "right-Zq81", f"10.0.0.7:{5000 + i}") for i in range(40))
+        )
+        assert all(a is not None and a.principal is not None for a in right)  # tokens left
+    finally:
+        auth.close()
+
+
 async def test_a_changed_password_ends_the_old_ones_shortcut(users_file: Path) -> None:
     auth = Authenticator(Users(users_file), Authorizer({}))
     peer = "127.0.0.1:5000"
