@@ -232,7 +232,11 @@ def _parser() -> argparse.ArgumentParser:
     check = verbs.add_parser(
         "check", help="check audit logs for loss, duplicates, order and exclusivity (PySpark)"
     )
-    check.add_argument("history", metavar="HISTORY_DIR", help="directory of audit segments")
+    check.add_argument(
+        "history",
+        metavar="HISTORY_DIR",
+        help="directory of audit segments: a path, a glob or a URI Hadoop reads (hdfs://...)",
+    )
     check.add_argument(
         "--master", default="local[*]", metavar="URL", help="Spark master (default: %(default)s)"
     )

@@ -1,8 +1,10 @@
-"""`pinmq check HISTORY_DIR [--master URL] [--report DIR]`: run the checker, print a verdict.
+"""`pinmq check HISTORY [--master URL] [--report DIR]`: run the checker, print a verdict.
 
+HISTORY is a directory, a glob or a URI Spark's Hadoop layer reads (pipeline/segments.py).
 Exit codes: 0 clean, 1 violations found, 2 the input (or Spark) cannot be used; user errors
 are one line `pinmq: error: ...`, never a stack trace. `summary.json` goes to the report
-directory when given, else into HISTORY_DIR (readers only look at `*.jsonl` files there).
+directory when given, else into a local HISTORY directory (readers only look at `*.jsonl`
+files there); any other history needs `--report`.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from pipeline.history import HistoryError, segment_files
+from pipeline.segments import GLOB, HistoryError, local_path
 from pipeline.spark import DEFAULT_MASTER, SparkUnavailable, session
 
 if TYPE_CHECKING:
@@ -64,9 +66,11 @@ def run_check(
 ) -> int:
     """The `check` verb; `spark` reuses a session (tests), else one is started on `master`."""
     out = out or sys.stdout
-    try:
-        segment_files(history)  # the cheap user errors, before Spark starts
-        if report is not None and Path(report).exists() and not Path(report).is_dir():
+    target = Path(report) if report is not None else local_path(history)
+    try:  # the cheap user errors, before Spark starts
+        if target is None or (report is None and GLOB.search(str(history))):
+            raise HistoryError(f"--report DIR is needed: summary.json cannot go to {history}")
+        if report is not None and target.exists() and not target.is_dir():
             raise HistoryError(f"report directory {report} is a file")
         from pipeline import job
 
@@ -77,7 +81,6 @@ def run_check(
     summary = result.summary()
     for line in verdict(result):
         print(line, file=out)
-    target = Path(report) if report is not None else Path(history)
     try:
         if report is not None:
             from pipeline.report import write

@@ -1,6 +1,7 @@
 """Reading an audit history (the JSONL segments of broker/audit.py) into one Spark DataFrame.
 
-Every `*.jsonl` file under the directory is parsed once by Spark's JSON reader with an explicit
+Every `*.jsonl` file under the history (a directory, glob or URI, listed through Hadoop:
+pipeline/segments.py) is parsed once by Spark's JSON reader with an explicit
 schema (`schema()`: the audit log's own, `broker/audit_schema.py`, one column per field) and
 kept (memory, spilling to disk) for the checks; one aggregation over that cache then gives every
 count the checker reports about its input:
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from broker.audit_schema import CLIENT_KINDS, FIELDS, KINDS, SEGMENT_RE
+from pipeline.segments import HistoryError, Segment, list_segments, tail, uri_of
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -44,10 +46,6 @@ COLUMNS = tuple(f.name for f in FIELDS)
 KNOWN_KEYS = frozenset(COLUMNS)
 EXAMPLES = 5
 FILES_PER_KEY = 3  # files named per unknown key
-
-
-class HistoryError(Exception):
-    """The history cannot be checked (a user error): the message says why, in one line."""
 
 
 def schema() -> Any:
@@ -62,7 +60,7 @@ def schema() -> Any:
 class History:
     """The parsed events (cached) and what reading them turned up."""
 
-    directory: Path
+    directory: str  # the URI read
     events: DataFrame
     files: int
     table: Any = None  # the cached parse (events plus bad lines); unpersist when done
@@ -106,7 +104,7 @@ class History:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "directory": str(self.directory),
+            "directory": self.directory,
             "files": self.files,
             "lines": self.lines,
             "malformed_lines": self.malformed,
@@ -119,41 +117,23 @@ class History:
         }
 
 
-def segment_files(directory: str | Path) -> list[Path]:
-    """The segment files to read; HistoryError when there is nothing to check."""
-    path = Path(directory)
-    if not path.exists():
-        raise HistoryError(f"history directory {path} does not exist")
-    if not path.is_dir():
-        raise HistoryError(f"{path} is not a directory")
-    files = sorted(p for p in path.rglob("*.jsonl") if p.is_file())
-    if not files:
-        raise HistoryError(f"no audit segments (*.jsonl) under {path}")
-    if all(p.stat().st_size == 0 for p in files):
-        raise HistoryError(f"the {len(files)} audit segment(s) under {path} are empty")
-    return files
-
-
-def torn_tails(files: list[Path]) -> dict[str, str]:
+def torn_tails(spark: SparkSession, files: list[Segment]) -> dict[str, str]:
     """file name -> its last line, for files whose last line is torn (no newline, not JSON)."""
     torn = {}
-    for path in files:
-        size = path.stat().st_size
-        if size == 0:
+    for segment in files:
+        if segment.size == 0:
             continue
-        with path.open("rb") as f:
-            f.seek(max(0, size - (1 << 16)))
-            tail = f.read()
-        if tail.endswith(b"\n"):
+        last_bytes = tail(spark, segment)
+        if last_bytes.endswith(b"\n"):
             continue
-        last = tail.rpartition(b"\n")[2]
+        last = last_bytes.rpartition(b"\n")[2]
         try:
             event = json.loads(last)
             if isinstance(event, dict) and all(event.get(k) is not None for k in REQUIRED):
                 continue  # complete, only the newline is missing
         except ValueError:
             pass
-        torn[path.name] = last.decode("utf-8", "replace")
+        torn[segment.name] = last.decode("utf-8", "replace")
     return torn
 
 
@@ -174,14 +154,14 @@ def width() -> Column:
     return total
 
 
-def unknown_keys(spark: SparkSession, files: list[Path]) -> list[Any]:
+def unknown_keys(spark: SparkSession, files: list[Segment]) -> list[Any]:
     """(key, lines, files) for every key outside the schema in any line of `files`."""
     from pyspark.sql import functions as F
 
     known = F.array(*[F.lit(k) for k in sorted(KNOWN_KEYS)])
     keys = F.array_except(F.json_object_keys("value"), known)
     return (
-        spark.read.text([str(p) for p in files])
+        spark.read.text([s.uri for s in files])
         .select(F.col("_metadata.file_name").alias("file"), F.explode(keys).alias("key"))
         .groupBy("key")
         .agg(
@@ -193,7 +173,8 @@ def unknown_keys(spark: SparkSession, files: list[Path]) -> list[Any]:
 
 
 def load(spark: SparkSession, directory: str | Path) -> History:
-    """Read every segment under `directory`; raises HistoryError when nothing is usable.
+    """Read every segment under `directory` (a path, glob or URI: pipeline/segments.py);
+    raises HistoryError when nothing is usable.
 
     The parsed events are kept by Spark (memory, spilling to disk) for the checks that follow;
     call `History.table.unpersist()` when done.
@@ -202,11 +183,11 @@ def load(spark: SparkSession, directory: str | Path) -> History:
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    files = segment_files(directory)
-    root = Path(directory).resolve()
-    by_name: dict[str, list[Path]] = defaultdict(list)
-    for path in files:
-        by_name[path.name].append(path)
+    files = list_segments(spark, directory)
+    root = uri_of(directory)
+    by_name: dict[str, list[Segment]] = defaultdict(list)
+    for segment in files:
+        by_name[segment.name].append(segment)
     names = sorted(by_name)
     # The file's index and writer run, by name: a join with this small table per event is
     # cheaper than taking the name apart per event.
@@ -221,7 +202,7 @@ def load(spark: SparkSession, directory: str | Path) -> History:
         .option("mode", "PERMISSIVE")
         .option("columnNameOfCorruptRecord", "_corrupt")
         .schema(schema().add(T.StructField("_corrupt", T.StringType())))
-        .json(str(root))
+        .json(root)
     )
     raw = raw.select("*", F.col("_metadata.file_name").alias("_name")).join(
         F.broadcast(segments), "_name"
@@ -274,11 +255,11 @@ def load(spark: SparkSession, directory: str | Path) -> History:
     # A file adds up when its size is its lines' widths plus their newlines (the last newline
     # may be missing); the others are read again for their keys.
     recheck = [
-        path
-        for name, paths in by_name.items()
+        segment
+        for name, segments in by_name.items()
         if name in malformed_in
-        or not -len(paths) <= sum(p.stat().st_size for p in paths) - read[name] <= 0
-        for path in paths
+        or not -len(segments) <= sum(s.size for s in segments) - read[name] <= 0
+        for segment in segments
     ]
     history.rechecked = len(recheck)
     if recheck:
@@ -287,7 +268,7 @@ def load(spark: SparkSession, directory: str | Path) -> History:
             history.unknown_key_files[r["key"]] = r["files"]
 
     if history.malformed:
-        tails = torn_tails(files)
+        tails = torn_tails(spark, [s for s in files if s.name in malformed_in])
         torn_cond = F.lit(False)
         for name, line in tails.items():
             torn_cond = torn_cond | ((F.col("file") == names.index(name)) & (F.col("raw") == line))
