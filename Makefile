@@ -9,9 +9,13 @@ export DOCKER_CONFIG := $(CURDIR)/$(VENV)/docker
 COMPOSE_PLUGIN := $(DOCKER_CONFIG)/cli-plugins/docker-compose
 # The image docker-compose.yml runs and deploy/build-image.sh builds.
 export PINMQ_IMAGE ?= pinmq:latest
+# The history `make check` reads: every node's audit log (the containers' bind mount; the local
+# processes' audit.dir, deploy/*.yaml, is run/audit too) and `pinmq load`'s clients', side by
+# side. `make clean-data` empties it: a history must not span two clusters.
+export PINMQ_AUDIT_DIR ?= $(CURDIR)/run/audit
 
 .PHONY: up down up-docker down-docker up-ha-all down-ha-all up-local down-local image clean-data standalone test \
-	prerequisites lint proto bench bench-compare sim clean secrets chaos
+	prerequisites lint proto bench bench-compare sim clean secrets chaos check
 
 $(STAMP): pyproject.toml
 	@$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || \
@@ -51,6 +55,7 @@ image: $(STAMP)
 
 up-docker: $(COMPOSE_PLUGIN) secrets
 	@docker image inspect $(PINMQ_IMAGE) >/dev/null 2>&1 || deploy/build-image.sh $(BIN)/python
+	@mkdir -p "$(PINMQ_AUDIT_DIR)"
 	docker compose up -d --wait
 	@$(BIN)/python deploy/endpoints.py $(SECRETS)
 
@@ -61,6 +66,7 @@ down-docker: $(COMPOSE_PLUGIN)
 HA_ALL := COMPOSE_FILE=docker-compose.yml:docker-compose.ha-all.yml
 up-ha-all: $(COMPOSE_PLUGIN) secrets
 	@docker image inspect $(PINMQ_IMAGE) >/dev/null 2>&1 || deploy/build-image.sh $(BIN)/python
+	@mkdir -p "$(PINMQ_AUDIT_DIR)"
 	$(HA_ALL) docker compose up -d --wait
 	@$(HA_ALL) $(BIN)/python deploy/endpoints.py $(SECRETS)
 
@@ -73,9 +79,14 @@ up-local: $(STAMP) secrets
 down-local: $(STAMP)
 	$(BIN)/pinmq down
 
+# The containers' audit files belong to their user (uid 10001): where the host's user may not
+# remove them, a container of the image does.
 clean-data: $(STAMP)
 	@if docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory $(COMPOSE_PLUGIN) && docker compose down -v; fi
-	rm -rf data
+	rm -rf data "$(CHECK_REPORT)"
+	@rm -rf "$(PINMQ_AUDIT_DIR)" 2>/dev/null || { docker run --rm --user root --entrypoint find \
+		-v "$(PINMQ_AUDIT_DIR):/audit" $(PINMQ_IMAGE) /audit -mindepth 1 -delete \
+		&& rm -rf "$(PINMQ_AUDIT_DIR)"; }
 	@echo "make clean-data: $(SECRETS)/ kept (the CA, certificates, users and admin password); rm -rf $(SECRETS) to start over"
 
 standalone: $(STAMP)
@@ -107,6 +118,13 @@ test: prerequisites $(STAMP) $(COMPOSE_PLUGIN) secrets
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --ignore=tests/pipeline
 	# Spark in a process of its own: after the gRPC tests its JVM gateway failed to start in-process.
 	$(BIN)/python -m pytest -q tests/pipeline
+
+# What the cluster did, checked (`pinmq check`, README "Drill it yourself"): the verdict, then
+# summary.json and the HTML report under run/check. MASTER=spark://host:7077 runs the check on
+# a Spark cluster instead of local[*].
+CHECK_REPORT ?= run/check
+check: $(STAMP)
+	$(BIN)/pinmq check "$(PINMQ_AUDIT_DIR)" --report "$(CHECK_REPORT)" $(if $(MASTER),--master '$(MASTER)')
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

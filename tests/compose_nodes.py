@@ -39,7 +39,7 @@ HA_ALL = ("node1", "node1-backup", "node2", "node2-backup", "node3", "node3-back
 IMAGE = os.environ.get("PINMQ_TEST_IMAGE", "pinmq:test")
 FREEZE_TRIES = 20  # `docker pause`'s freezer may give up while a process waits on its disk
 DATA_IN_CONTAINER = "/var/lib/pinmq/data"  # deploy/compose/*.yaml node.data-dir
-AUDIT_IN_CONTAINER = "/var/lib/pinmq/data/audit"  # deploy/compose/*.yaml audit.dir
+AUDIT_IN_CONTAINER = "/var/lib/pinmq/audit"  # deploy/compose/*.yaml audit.dir
 
 
 def require_engine() -> None:
@@ -87,6 +87,7 @@ def compose_env(workdir: Path, image: str) -> dict[str, str]:
         "DOCKER_CONFIG": str(workdir / "docker"),
         "COMPOSE_PROJECT_NAME": f"pinmq-test-{uuid.uuid4().hex[:8]}",
         "PINMQ_IMAGE": image,
+        "PINMQ_AUDIT_DIR": str(workdir / "audit"),  # not the checkout's run/audit
     }
 
 

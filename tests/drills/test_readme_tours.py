@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 from conftest import PINMQ, REPO
 from deploy_access import SECRETS, dev_access
+from readme_blocks import readme_block, readme_script
 
 pytestmark = pytest.mark.slow  # the tours take 40 s and more: a module fixture, for all of them
 
@@ -37,21 +38,6 @@ RUN_TIMEOUT_S = 240
 # What the test tools write into the repository root: other tests, run alongside (xdist), may
 # create these while the tours run (a hypothesis test its example database, say).
 TOOL_CACHES = frozenset({".hypothesis", ".pytest_cache", ".ruff_cache", "__pycache__"})
-
-
-def readme_script(heading: str) -> str:
-    """The first ```sh block under `## heading`, whole (it may hold a here-document)."""
-    text = (REPO / "README.md").read_text()
-    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
-    block = re.search(r"```sh\n(.*?)```", section, re.S)
-    assert block is not None, f"no sh block under {heading!r}"
-    return block.group(1)
-
-
-def readme_block(heading: str) -> list[str]:
-    """The commands of the first ```sh block under `## heading` (comment-only lines dropped)."""
-    joined = readme_script(heading).replace("\\\n", " ")
-    return [line for line in joined.splitlines() if line.strip() and not line.startswith("#")]
 
 
 @dataclass

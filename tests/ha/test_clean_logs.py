@@ -26,8 +26,9 @@ pytestmark = pytest.mark.slow
 
 def deploy_configs(tmp_path: Path) -> dict[str, tuple[Path, dict[str, Any]]]:
     """deploy/<node>.yaml with every listen address on a reserved port (connectors and the
-    backup's ha.primary following), data in `tmp_path`, logs as JSON, the secrets/ files by
-    absolute path (`make up-local` runs the nodes from the repository; pytest may not)."""
+    backup's ha.primary following), data and audit in `tmp_path`, logs as JSON, the secrets/
+    files by absolute path (`make up-local` runs the nodes from the repository; pytest may
+    not)."""
     configs = {n: yaml.safe_load((REPO / "deploy" / f"{n}.yaml").read_text()) for n in NODES}
     moved = {
         address: f"127.0.0.1:{reserve_port()}"
@@ -37,6 +38,7 @@ def deploy_configs(tmp_path: Path) -> dict[str, tuple[Path, dict[str, Any]]]:
     written = {}
     for name, config in configs.items():
         config["node"]["data-dir"] = str(tmp_path / "data" / name)
+        config["audit"]["dir"] = str(tmp_path / "audit")
         config["listen"] = {kind: moved[a] for kind, a in config["listen"].items()}
         config["cluster"]["connectors"] = [moved[a] for a in config["cluster"]["connectors"]]
         if config.get("ha", {}).get("primary"):
