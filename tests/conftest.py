@@ -53,7 +53,6 @@ XDIST_GROUPS = {
     # test_compose's image is a module fixture too.
     "test_ha.py": "failover drills",
     "test_compose.py": "failover drills",
-    "test_drill_tour.py": "failover drills",
     # The chaos run beside them, on a worker of its own: faults are what it is made of, and
     # in the failover drills' line it made that line alone take 22 minutes.
     "test_chaos.py": "chaos run",
