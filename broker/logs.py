@@ -40,10 +40,13 @@ def configure(
         add_node,
     ]
     threshold = logging.getLevelNamesMapping()[level.upper()]
+    # Each record is written whole in one write (PrintLogger's print writes the newline apart):
+    # grpc's C core writes its own lines to the same stderr, and one that came between a
+    # record and its newline joined the two into a line that was neither.
     structlog.configure(
         processors=[structlog.contextvars.merge_contextvars, *stamp, *renderers],
         wrapper_class=structlog.make_filtering_bound_logger(threshold),
-        logger_factory=structlog.PrintLoggerFactory(out),
+        logger_factory=structlog.WriteLoggerFactory(out),
         cache_logger_on_first_use=True,
     )
     handler = logging.StreamHandler(out)
