@@ -32,6 +32,7 @@ from broker.engine import NotServing
 from broker.message import Outgoing
 from broker.streams import ConsumerStream
 from broker.unit import Placement, Unit
+from broker.writes import shielded
 from cluster.connector import CHANNEL_OPTIONS
 from cluster.local import LocalEngine
 from cluster.outage import Outage, raise_if_cancelled
@@ -112,7 +113,8 @@ class ForwardReceiver:
         the messages in the core only, and a resend taken as their duplicate was lost. A
         failed write fails the engine, so every later write fails too: a new batch's ack,
         which waits for its own write, never covers an earlier batch that did not reach the
-        disk.
+        disk. Each call returns a view of the write of its own: a stream cancelled while it
+        waits (its origin was killed) cancels its view, never the write a resend waits for.
         """
         key = f"{batch.origin}/{batch.origin_store}"
         mark = top = self._accepted.get(key, 0)
@@ -127,14 +129,15 @@ class ForwardReceiver:
             if top != mark:
                 unit.mark(key, top)
         if top == mark:
-            return mark, self._writes.get(key)  # None: the mark came from the store
+            kept = self._writes.get(key)  # None: the mark came from the store
+            return mark, None if kept is None else shielded(kept)
         self._accepted[key] = top
         # One write for the messages and the mark, like any send's, so the messages are
         # audited (`sent` here) and gate their deliveries the same way.
         write = unit.write
         assert write is not None  # a mark is always written
         self._writes[key] = write
-        return top, write
+        return top, shielded(write)
 
     def _enqueue(
         self, origin: str, m: pb.ForwardedMessage, admission: Admission | None, unit: Unit

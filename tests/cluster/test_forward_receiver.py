@@ -10,6 +10,7 @@ cluster member around them is the only stand-in (`BridgeHost`: the engine, the n
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,10 @@ class _Member:
     engine: Engine
     node_id: str = "node1"
     admission: None = None
+
+
+async def _acknowledge(write: asyncio.Future[None]) -> None:
+    await write
 
 
 def _batch(*seqs: int) -> pb.ForwardBatch:
@@ -63,3 +68,28 @@ async def test_a_resend_of_a_batch_whose_write_was_refused_is_never_acknowledged
             assert write is not None, "a seq that never reached the disk was acknowledged"
             with pytest.raises(NotServing):
                 await write
+
+
+async def test_a_resend_is_acknowledged_after_the_stream_that_sent_it_first_was_cancelled(
+    tmp_path: Path,
+) -> None:
+    """A container drill stalled a group for good this way: the origin was killed while its
+    last batch's write was under way here, so the gRPC stream awaiting that write was
+    cancelled, and with it the write it awaited; the origin's backup took over and sent the
+    batch again, and its stream, awaiting the same (cancelled) write, ended without a word:
+    no ack, no status, nothing more read from it."""
+    config = NodeConfig.model_validate({"node": {"id": "node1", "data-dir": str(tmp_path)}})
+    engine = Engine(config, lambda: True)
+    async with one_queue(engine):
+        receiver = ForwardReceiver(_Member(engine))  # type: ignore[arg-type]
+        seq, write = receiver.receive(_batch(1, 2))
+        assert seq == 2 and write is not None and not write.done()
+        first_stream = asyncio.create_task(_acknowledge(write))
+        await asyncio.sleep(0)
+        first_stream.cancel()  # its connection reset before the write was done
+        seq, write = receiver.receive(_batch(1, 2))  # the backup's resend
+        assert seq == 2 and write is not None
+        await write  # done once on disk, not cancelled
+        seq, write = receiver.receive(_batch(1, 2, 3))
+        assert seq == 3 and write is not None
+        await write
