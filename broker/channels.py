@@ -75,10 +75,14 @@ def dial(address: str, options: Options, tls: TlsFiles | None) -> aio.Channel:
 
 
 def dial_blocking(address: str, tls: TlsFiles | None) -> grpc.Channel:
-    """`dial` for blocking code (a launcher's or a test's health checks), default options."""
+    """`dial` for blocking code (a launcher's or a test's health checks), with `reconnect`'s
+    bounded backoff: a check that began before the node listened tries again within a
+    second, not after gRPC's default backoff (a node listening 17 s after its start under
+    CI's load was first tried again 26 s after it, past a 20 s start timeout)."""
+    options = reconnect()
     if tls is None:
-        return grpc.insecure_channel(address)
-    return grpc.secure_channel(address, tls.channel_credentials())
+        return grpc.insecure_channel(address, options=options)
+    return grpc.secure_channel(address, tls.channel_credentials(), options=options)
 
 
 def listen(server: aio.Server, address: str, tls: TlsFiles | None, client_cert: bool) -> None:
