@@ -228,6 +228,13 @@ def _parser() -> argparse.ArgumentParser:
         "--size", type=_positive, default=100, metavar="BYTES", help="of each message's filler"
     )
     load.add_argument("--audit", metavar="DIR", help="the clients' audit logs (the history)")
+    load.add_argument(
+        "--protocol",
+        choices=("grpc", "stomp"),
+        default="grpc",
+        help="what the clients speak; with stomp, --url lists STOMP host:ports "
+        "(default: %(default)s)",
+    )
 
     check = verbs.add_parser(
         "check", help="check audit logs for loss, duplicates, order and exclusivity (PySpark)"

@@ -5,7 +5,8 @@ Producers send persistent messages of `--groups` groups, each group from one pro
 send at a time (its next send waits for the node's confirmation), paced to `--rate` messages
 a second in all; consumers receive and ack. Every client audits to `--audit` under a writer
 name of its own (`load-<run>-p1`, `-c1`...), and over an address list they fail over as any
-client does. A line a second says how far the load got. At `--duration`, or on Ctrl-C
+client does (over gRPC, or STOMP with `--protocol stomp`: pinmq/stomp_client.py). A line a
+second says how far the load got. At `--duration`, or on Ctrl-C
 (SIGINT or SIGTERM), the producers stop, the consumers get up to `--drain` seconds to ack
 everything confirmed (a second Ctrl-C ends that wait), and every audit log is closed whole.
 
@@ -29,15 +30,9 @@ import uuid
 from array import array
 from dataclasses import dataclass, field
 
-from broker.client import (
-    AlreadyExists,
-    Client,
-    ConnectionLost,
-    OutcomeUnknown,
-    PinmqError,
-    Producer,
-)
-from pinmq.verbs import client_of
+from broker.client import AlreadyExists, Client, ConnectionLost, OutcomeUnknown, PinmqError
+from pinmq.stomp_client import StompClient
+from pinmq.verbs import client_of, credentials, tls_files
 
 PROGRESS_S = 1.0
 IDLE_S = 0.2  # a consumer's wait for a message before it looks at the clock again
@@ -82,17 +77,33 @@ async def run_load(args: argparse.Namespace) -> int:
         tally.failovers += 1
         print(f"pinmq: {text}", file=sys.stderr, flush=True)
 
-    def connect(role: str, n: int) -> Client:
-        return client_of(args, audit_name=f"load-{run}-{role}{n}", on_failover=moved)
+    tls = tls_files(args)
+    user, password = credentials(args) or (None, None)  # read once, for every client
+
+    def connect(role: str, n: int) -> Client | StompClient:
+        name = f"load-{run}-{role}{n}"
+        if args.protocol == "grpc":
+            login = {"tls": tls, "user": user, "password": password}
+            return client_of(args, audit_name=name, on_failover=moved, **login)
+        return StompClient(
+            args.url,
+            tls=tls,
+            user=user,
+            password=password,
+            audit=args.audit,
+            audit_name=name,
+            on_failover=moved,
+        )
 
     producers = [connect("p", n + 1) for n in range(args.producers)]
     consumers = [connect("c", n + 1) for n in range(args.consumers)]
     async with contextlib.AsyncExitStack() as stack:
         for c in (*consumers, *producers):
             await stack.enter_async_context(c)
-        with contextlib.suppress(AlreadyExists):
-            client = producers[0]
-            await client.create_queue(args.queue)
+        client = producers[0]
+        if isinstance(client, Client):  # STOMP has no verb for it: the node creates the queue
+            with contextlib.suppress(AlreadyExists):
+                await client.create_queue(args.queue)
         started = time.monotonic()
         printing = asyncio.ensure_future(_progress(tally, started))
         reading = [asyncio.ensure_future(_consume(c, args.queue, tally)) for c in consumers]
@@ -132,7 +143,7 @@ def _on_interrupt(stopping: asyncio.Event, draining_over: asyncio.Event) -> None
 
 
 async def _group(
-    client: Client,
+    client: Client | StompClient,
     queue: str,
     group: str,
     interval_s: float,
@@ -141,7 +152,7 @@ async def _group(
     stopping: asyncio.Event,
 ) -> None:
     """One group's messages, in order, one at a time, every `interval_s` at most."""
-    producer: Producer = client.producer(queue, group_id=group)
+    producer = client.producer(queue, group_id=group)
     loop = asyncio.get_running_loop()
     due = loop.time()
     for seq in itertools.count():
@@ -163,12 +174,18 @@ async def _group(
             await asyncio.wait_for(stopping.wait(), due - loop.time())
 
 
-async def _consume(client: Client, queue: str, tally: Tally) -> None:
+async def _consume(client: Client | StompClient, queue: str, tally: Tally) -> None:
     """Receive and ack until cancelled. A message received before a failover cannot be acked
     any more: the node delivers it again."""
     async with client.consumer(queue) as consumer:
         while True:
-            message = await consumer.receive(IDLE_S)
+            try:
+                message = await consumer.receive(IDLE_S)
+            except PinmqError as err:  # no node within the failover timeout: keep trying
+                tally.errors += 1
+                print(f"pinmq: a consumer lost its node: {err}", file=sys.stderr, flush=True)
+                await asyncio.sleep(PROGRESS_S)
+                continue
             if message is None:
                 continue
             tally.received += 1

@@ -365,17 +365,18 @@ def credentials(args: argparse.Namespace) -> tuple[str, str] | None:
 def client_of(args: argparse.Namespace, **options: Any) -> Client:
     """A client of the node `args.url` names, with the command line's TLS files,
     credentials, deadline and audit directory: every verb connects the same way. `options`:
-    more of `Client`'s, or others than these."""
-    user, password = credentials(args) or (None, None)
+    more of `Client`'s, or others than these (`tls`, `user` and `password` given: the files
+    are not read again, as for the many clients of `pinmq load`)."""
     settings: dict[str, Any] = {
         "audit": getattr(args, "audit", None),
         "call_timeout": getattr(args, "call_timeout", CALL_TIMEOUT_S),
         "on_blocked": _notice(every_s=10.0),
         "on_failover": _notice(),
-        "tls": tls_files(args),
-        "user": user,
-        "password": password,
     }
+    if "tls" not in options:
+        settings["tls"] = tls_files(args)
+    if "user" not in options:
+        settings["user"], settings["password"] = credentials(args) or (None, None)
     return Client(args.url, **{**settings, **options})
 
 

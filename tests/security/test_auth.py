@@ -319,3 +319,19 @@ async def test_refusals_are_audited_and_no_password_is_logged(secured: Secured) 
     for text in (written, secured.node.log()):
         assert not any(pw in text for pw in PASSWORDS.values())
         assert "wrong-Zq81" not in text and "$argon2id$" not in text
+
+
+def test_a_stomp_load_with_a_wrong_password_stops_at_once_saying_so(
+    secured: Secured, tmp_path: Path
+) -> None:
+    secret = tmp_path / "app.password"
+    secret.write_text(PASSWORDS["app"] + "\n")
+    stomp = ["--url", f"127.0.0.1:{secured.node.stomp_port}", "--protocol", "stomp"]
+    done = cli(
+        "load", "--queue", unique("orders.load"), *stomp, "--duration", "5",
+        "--user", "admin", "--password-file", str(secret),
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr.strip().endswith("refused the connection: authentication failed")
+    assert "sent" not in done.stdout  # not one progress line: nothing ran
+    assert PASSWORDS["app"] not in done.stderr + done.stdout

@@ -43,6 +43,7 @@ OTHERS = {
     ("client", "reset_groups"),  # the Python client's admin call (pinmq/cli.py)
     ("client", "create_queue"),  # and another (pinmq/load.py)
     ("producer", "send"),  # the Python client's producer (pinmq/load.py)
+    ("consumer", "ack"),  # the STOMP client's consumer (pinmq/stomp_client.py)
     ("parser", "release"),  # the STOMP frame parser frees its buffer
     ("member", "tick"),  # the failover state machine (cluster/ha.py)
     ("handler", "subscribe"),  # the LOCAL handler's removal subscriptions
