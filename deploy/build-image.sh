@@ -11,13 +11,23 @@
 #     `docker import`. debootstrap is installed with apt-get when missing.
 #  3. docker build -f deploy/Dockerfile --build-arg BASE=<that base>.
 #
-# Usage: deploy/build-image.sh [PYTHON]   (PYTHON: the interpreter whose pip builds the wheels;
-# default .venv/bin/python). Prints each step; exits non-zero naming the step that failed.
+# With KIND spark it builds the Spark image instead (pinmq-spark:latest, $PINMQ_SPARK_IMAGE):
+# deploy/spark.Dockerfile, from a wheelhouse of pinmq[check] (PySpark: Spark's jars), on the
+# same base; its JRE comes from the base's apt sources inside the build.
+#
+# Usage: deploy/build-image.sh [PYTHON] [node|spark]   (PYTHON: the interpreter whose pip builds
+# the wheels; default .venv/bin/python). Prints each step; exits non-zero naming the step that
+# failed.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 PYTHON=${1:-.venv/bin/python}
-IMAGE=${PINMQ_IMAGE:-pinmq:latest}
+KIND=${2:-node}
+case "$KIND" in
+  node) IMAGE=${PINMQ_IMAGE:-pinmq:latest} DOCKERFILE=deploy/Dockerfile REQUIREMENT="" ;;
+  spark) IMAGE=${PINMQ_SPARK_IMAGE:-pinmq-spark:latest} DOCKERFILE=deploy/spark.Dockerfile REQUIREMENT="[check]" ;;
+  *) printf 'build-image: KIND is node or spark, not %s\n' "$KIND" >&2; exit 2 ;;
+esac
 PUBLIC_BASE=python:3.11-slim-bookworm
 CONTEXT=$(mktemp -d /tmp/pinmq-image.XXXXXX)
 SOURCE=$(mktemp -d /tmp/pinmq-source.XXXXXX)  # pip builds a copy: setuptools leaves build/ behind
@@ -29,14 +39,14 @@ fail() { printf 'build-image: %s\n' "$*" >&2; exit 1; }
 
 docker info >/dev/null 2>&1 || fail "no Docker engine answers (docker info failed)"
 
-step "wheelhouse: pinmq and its dependencies"
+step "wheelhouse: pinmq$REQUIREMENT and its dependencies"
 # The same source gives the same wheelhouse, to the file times (those of the last commit), so
 # an unchanged tree rebuilds from docker's layer cache.
 epoch=$(git log -1 --format=%ct 2>/dev/null || echo 315532800)
 tar -c --exclude=./.git --exclude=./.venv --exclude=./.bench --exclude=./data --exclude=./run \
   --exclude=./secrets --exclude=./build --exclude='*.egg-info' --exclude=__pycache__ . \
   | tar -x -C "$SOURCE" || fail "cannot copy the source tree"
-SOURCE_DATE_EPOCH=$epoch "$PYTHON" -m pip wheel -q --wheel-dir "$WHEELS" "$SOURCE" \
+SOURCE_DATE_EPOCH=$epoch "$PYTHON" -m pip wheel -q --wheel-dir "$WHEELS" "$SOURCE$REQUIREMENT" \
   || fail "pip wheel failed"
 find "$CONTEXT" -exec touch -h -d "@$epoch" {} +
 
@@ -81,7 +91,7 @@ fi
 
 step "image $IMAGE from $BASE"
 log=$(mktemp /tmp/pinmq-build.XXXXXX)
-docker build -f deploy/Dockerfile --build-arg "BASE=$BASE" -t "$IMAGE" "$CONTEXT" >"$log" 2>&1 \
+docker build -f "$DOCKERFILE" --build-arg "BASE=$BASE" -t "$IMAGE" "$CONTEXT" >"$log" 2>&1 \
   || { tail -n 30 "$log" >&2; rm -f "$log"; fail "docker build failed"; }
 rm -f "$log"
 # Untagged images of ours: the build stage (wheels and pip), and an image this one replaced.
