@@ -5,6 +5,8 @@ For each size (default 1M and 10M events) the script generates a history once (p
 delivered, client_received, acked, client_acked) into `--dir` (kept for later runs), then times
 - the Spark job on `--master` (default local[2]): checks only, and checks plus statistics
   (what `pinmq check` runs), in one SparkSession started once (its start is printed apart);
+  then checks plus statistics with `--cache` (pipeline/cache.py), converting into an empty
+  cache and then reusing it;
 - `pipeline/pure.py`: the same five checks in one Python process, one pass over the files.
 Every run must find the history clean; the script fails otherwise. The load average is printed
 before and after each size: other work on the machine slows the timings down.
@@ -165,6 +167,14 @@ def main() -> int:
         t = time.monotonic()
         full = job.run(spark, path)
         t_full = time.monotonic() - t
+        cache = args.dir / f"cache-{path.name}"
+        shutil.rmtree(cache, ignore_errors=True)
+        t_cached = []  # `--cache`: converting, then reusing it
+        for expected in ("converted", "reused"):
+            t = time.monotonic()
+            cached = job.run(spark, path, cache=cache)
+            t_cached.append(time.monotonic() - t)
+            ok &= cached.clean and cached.history.cache == expected
         t_pure = None
         if not args.no_pure:
             t = time.monotonic()
@@ -174,9 +184,10 @@ def main() -> int:
         ok &= checks_only.clean and full.clean
         lines = full.history.lines
         load = f"{before:.1f} -> {os.getloadavg()[0]:.1f}"
-        rows.append((lines, size_of(path), t_checks, t_full, t_pure, load))
+        rows.append((lines, size_of(path), t_checks, t_full, *t_cached, t_pure, load))
         print(
             f"{lines:>12,} events: spark checks {t_checks:6.1f} s, checks+stats {t_full:6.1f} s, "
+            f"with --cache converting {t_cached[0]:6.1f} s, reusing it {t_cached[1]:6.1f} s, "
             + (f"pure Python {t_pure:6.1f} s" if t_pure is not None else "pure Python skipped")
             + f" (load average {load})",
             flush=True,
@@ -184,19 +195,21 @@ def main() -> int:
 
     print()
     print(
-        "| events | JSON size | Spark checks | Spark checks + stats | pure Python | "
-        "pure / Spark (checks + stats) | Spark µs per event | load average |"
+        "| events | JSON size | Spark checks | Spark checks + stats | --cache, converting | "
+        "--cache, reused | reused / uncached | pure Python | pure / Spark (checks + stats) | "
+        "Spark µs per event | load average |"
     )
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for lines, size, t_checks, t_full, t_pure, load in rows:
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for lines, size, t_checks, t_full, t_convert, t_reuse, t_pure, load in rows:
         ratio = f"{t_pure / t_full:.2f}x" if t_pure else "-"
         pure_s = f"{t_pure:.1f} s" if t_pure else "-"
         print(
-            f"| {lines:,} | {size / 1e6:,.0f} MB | {t_checks:.1f} s | {t_full:.1f} s | {pure_s} "
+            f"| {lines:,} | {size / 1e6:,.0f} MB | {t_checks:.1f} s | {t_full:.1f} s "
+            f"| {t_convert:.1f} s | {t_reuse:.1f} s | {t_reuse / t_full:.2f}x | {pure_s} "
             f"| {ratio} | {t_full / lines * 1e6:.2f} | {load} |"
         )
     if len(rows) > 1:
-        (l0, _, _, f0, _, _), (l1, _, _, f1, _, _) = rows[0], rows[-1]
+        (l0, _, _, f0, *_), (l1, _, _, f1, *_) = rows[0], rows[-1]
         print(f"\ngrowth: {l1 / l0:.1f}x events took {f1 / f0:.1f}x the time (checks + stats)")
     spark.stop()
     if not ok:

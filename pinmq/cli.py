@@ -248,6 +248,12 @@ def _parser() -> argparse.ArgumentParser:
         "--master", default="local[*]", metavar="URL", help="Spark master (default: %(default)s)"
     )
     check.add_argument("--report", metavar="DIR", help="write summary.json and an HTML report")
+    check.add_argument(
+        "--cache",
+        metavar="DIR",
+        help="keep the parsed events there (Parquet; a path or URI every executor reaches) and "
+        "read them from there while the history's segments are unchanged",
+    )
 
     user = verbs.add_parser("user", help="add, remove or list the users of a users file")
     actions = user.add_subparsers(dest="user_verb", required=True, metavar="ACTION")
@@ -425,7 +431,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.verb == "check":  # exit 0 clean, 1 violations, 2 unusable input
         from pipeline.cli import run_check
 
-        sys.exit(run_check(args.history, master=args.master, report=args.report))
+        sys.exit(run_check(args.history, master=args.master, report=args.report, cache=args.cache))
     if args.verb == "user":  # exit 0 done, 1 refused, 2 usage
         from pinmq.users_cli import run as run_user
 

@@ -1,10 +1,11 @@
-"""`pinmq check HISTORY [--master URL] [--report DIR]`: run the checker, print a verdict.
+"""`pinmq check HISTORY [--master URL] [--report DIR] [--cache DIR]`: the checker's verdict.
 
 HISTORY is a directory, a glob or a URI Spark's Hadoop layer reads (pipeline/segments.py).
 Exit codes: 0 clean, 1 violations found, 2 the input (or Spark) cannot be used; user errors
 are one line `pinmq: error: ...`, never a stack trace. `summary.json` goes to the report
 directory when given, else into a local HISTORY directory (readers only look at `*.jsonl`
-files there); any other history needs `--report`.
+files there); any other history needs `--report`. `--cache` keeps the parsed events for the
+next check of the same segments (pipeline/cache.py).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ def run_check(
     *,
     master: str = DEFAULT_MASTER,
     report: str | Path | None = None,
+    cache: str | Path | None = None,
     spark: SparkSession | None = None,
     out: TextIO | None = None,
 ) -> int:
@@ -74,7 +76,7 @@ def run_check(
             raise HistoryError(f"report directory {report} is a file")
         from pipeline import job
 
-        result = job.run(spark or session(master), history)
+        result = job.run(spark or session(master), history, cache=cache)
     except (HistoryError, SparkUnavailable) as err:
         print(f"pinmq: error: {err}", file=sys.stderr)
         return 2

@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from broker.audit_schema import CLIENT_KINDS, FIELDS, KINDS, SEGMENT_RE
-from pipeline.segments import HistoryError, Segment, list_segments, tail, uri_of
+from pipeline import cache as events_cache
+from pipeline.segments import HistoryError, Segment, name_of, read, segment, sizes, tail, uri_of
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -75,6 +76,7 @@ class History:
     unknown_key_files: dict[str, list[str]] = field(default_factory=dict)  # key -> files
     unknown_kinds: dict[str, int] = field(default_factory=dict)
     rechecked: int = 0  # files read a second time, for their keys, as they did not add up
+    cache: str | None = None  # with a cache: "converted" this time, or "reused"
 
     def run_ends(self) -> DataFrame:
         """(node, boot, source, run_end): when each writer run's last event happened."""
@@ -114,16 +116,17 @@ class History:
             "unknown_field_files": self.unknown_key_files,
             "unknown_kinds": self.unknown_kinds,
             "rechecked_files": self.rechecked,
+            "cache": self.cache,
         }
 
 
-def torn_tails(spark: SparkSession, files: list[Segment]) -> dict[str, str]:
-    """file name -> its last line, for files whose last line is torn (no newline, not JSON)."""
+def torn_tails(spark: SparkSession, files: dict[int, Segment]) -> dict[int, str]:
+    """file -> its last line, for files whose last line is torn (no newline, not JSON)."""
     torn = {}
-    for segment in files:
-        if segment.size == 0:
+    for file, one in files.items():
+        if one.size == 0:
             continue
-        last_bytes = tail(spark, segment)
+        last_bytes = tail(spark, one)
         if last_bytes.endswith(b"\n"):
             continue
         last = last_bytes.rpartition(b"\n")[2]
@@ -133,7 +136,7 @@ def torn_tails(spark: SparkSession, files: list[Segment]) -> dict[str, str]:
                 continue  # complete, only the newline is missing
         except ValueError:
             pass
-        torn[segment.name] = last.decode("utf-8", "replace")
+        torn[file] = last.decode("utf-8", "replace")
     return torn
 
 
@@ -172,41 +175,33 @@ def unknown_keys(spark: SparkSession, files: list[Segment]) -> list[Any]:
     )
 
 
-def load(spark: SparkSession, directory: str | Path) -> History:
+def load(spark: SparkSession, directory: str | Path, cache: str | Path | None = None) -> History:
     """Read every segment under `directory` (a path, glob or URI: pipeline/segments.py);
     raises HistoryError when nothing is usable.
 
     The parsed events are kept by Spark (memory, spilling to disk) for the checks that follow;
-    call `History.table.unpersist()` when done.
+    call `History.table.unpersist()` when done. With `cache` (a directory: pipeline/cache.py)
+    they are kept there as Parquet instead, and read from there while the segments are the same.
     """
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    files = list_segments(spark, directory)
+    raw, paths = read(spark, directory, schema().add(T.StructField("_corrupt", T.StringType())))
     root = uri_of(directory)
-    by_name: dict[str, list[Segment]] = defaultdict(list)
-    for segment in files:
-        by_name[segment.name].append(segment)
-    names = sorted(by_name)
-    # The file's index and writer run, by name: a join with this small table per event is
-    # cheaper than taking the name apart per event.
+    names = [name_of(path) for path in paths]
+    # The file's index and writer run, by path: a join with this small table per event is
+    # cheaper than taking the name apart per event. A left join, so that an event of a file
+    # the listing did not name (a path spelled otherwise) is not dropped but fails the load.
     segments = spark.createDataFrame(
-        [(name, i, _boot(name)) for i, name in enumerate(names)],
-        "_name string, file int, boot long",
+        [(path, i, _boot(name)) for i, (path, name) in enumerate(zip(paths, names, strict=True))],
+        "_path string, file int, boot long",
     )
-    spark.conf.set("spark.sql.inMemoryColumnarStorage.compressed", "false")  # faster build
-    raw = (
-        spark.read.option("recursiveFileLookup", "true")
-        .option("pathGlobFilter", "*.jsonl")
-        .option("mode", "PERMISSIVE")
-        .option("columnNameOfCorruptRecord", "_corrupt")
-        .schema(schema().add(T.StructField("_corrupt", T.StringType())))
-        .json(root)
-    )
-    raw = raw.select("*", F.col("_metadata.file_name").alias("_name")).join(
-        F.broadcast(segments), "_name"
-    )
+    raw = raw.select(
+        "*",
+        F.col("_metadata.file_path").alias("_path"),
+        F.col("_metadata.file_size").alias("size"),
+    ).join(F.broadcast(segments), "_path", "left")
     bad = F.col("_corrupt").isNotNull()
     for name in REQUIRED:
         bad = bad | F.col(name).isNull()
@@ -216,10 +211,17 @@ def load(spark: SparkSession, directory: str | Path) -> History:
         key.alias("key"),
         "boot",
         "file",
+        "size",
         bad.alias("bad"),
         F.when(bad, F.coalesce("_corrupt", F.to_json(F.struct(*COLUMNS)))).alias("raw"),
         width().alias("width"),
-    ).persist(StorageLevel.MEMORY_AND_DISK)
+    )
+    converted = False
+    if cache is None:
+        spark.conf.set("spark.sql.inMemoryColumnarStorage.compressed", "false")  # faster build
+        table = table.persist(StorageLevel.MEMORY_AND_DISK)
+    else:
+        table, converted = events_cache.table(spark, cache, root, paths, table)
 
     internal = F.coalesce(F.col("queue").startswith("$"), F.lit(False))
     cells = (
@@ -229,20 +231,26 @@ def load(spark: SparkSession, directory: str | Path) -> History:
             F.count(F.when(~internal, 1)).alias("visible"),
             F.sum(F.col("width") + 1).alias("bytes"),
             F.max("ts_ns").alias("last"),
+            F.max("size").alias("size"),
         )
         .collect()
     )
-    history = History(root, table, files=len(files), table=table)
-    read: dict[str, int] = defaultdict(int)
-    malformed_in: set[str] = set()
+    history = History(root, table, files=len(paths), table=table)
+    history.cache = None if cache is None else ("converted" if converted else "reused")
+    read_bytes: dict[int, int] = defaultdict(int)
+    size: dict[int, int] = {}
+    malformed_in: set[int] = set()
     runs: dict[tuple[str, int, str], int] = {}
     for c in cells:
-        name = names[c["file"]]
+        if c["file"] is None:
+            table.unpersist()
+            raise HistoryError(f"Spark read a segment under {root} that its listing did not name")
         history.lines += c["lines"]
-        read[name] += c["bytes"] or 0
+        read_bytes[c["file"]] += c["bytes"] or 0
+        size[c["file"]] = c["size"]
         if c["bad"]:
             history.malformed += c["lines"]
-            malformed_in.add(name)
+            malformed_in.add(c["file"])
         elif c["kind"] not in KINDS:
             history.unknown_kinds[c["kind"]] = history.unknown_kinds.get(c["kind"], 0) + c["lines"]
         else:
@@ -253,25 +261,28 @@ def load(spark: SparkSession, directory: str | Path) -> History:
     history.runs = [(*run, end) for run, end in sorted(runs.items())]
 
     # A file adds up when its size is its lines' widths plus their newlines (the last newline
-    # may be missing); the others are read again for their keys.
+    # may be missing); the others are read again for their keys. A file without a line (empty,
+    # or blank lines only) has its size asked of Hadoop.
+    unread = [i for i in range(len(paths)) if i not in size]
+    size.update(zip(unread, sizes(spark, [paths[i] for i in unread]), strict=True))
     recheck = [
-        segment
-        for name, segments in by_name.items()
-        if name in malformed_in
-        or not -len(segments) <= sum(s.size for s in segments) - read[name] <= 0
-        for segment in segments
+        segment(paths[i], size[i])
+        for i in range(len(paths))
+        if i in malformed_in or not -1 <= size[i] - read_bytes[i] <= 0
     ]
     history.rechecked = len(recheck)
+    if converted:
+        events_cache.seal(spark, cache, {path: size[i] for i, path in enumerate(paths)})
     if recheck:
         for r in unknown_keys(spark, recheck):
             history.unknown_keys[r["key"]] = r["lines"]
             history.unknown_key_files[r["key"]] = r["files"]
 
     if history.malformed:
-        tails = torn_tails(spark, [s for s in files if s.name in malformed_in])
+        tails = torn_tails(spark, {i: segment(paths[i], size[i]) for i in sorted(malformed_in)})
         torn_cond = F.lit(False)
-        for name, line in tails.items():
-            torn_cond = torn_cond | ((F.col("file") == names.index(name)) & (F.col("raw") == line))
+        for file, line in tails.items():
+            torn_cond = torn_cond | ((F.col("file") == file) & (F.col("raw") == line))
         history.torn = table.filter(F.col("bad") & torn_cond).count() if tails else 0
         history.malformed -= history.torn
         examples = (
@@ -280,8 +291,10 @@ def load(spark: SparkSession, directory: str | Path) -> History:
         history.malformed_examples = [f"{names[r['file']]}: {_clip(r['raw'])}" for r in examples]
     if not history.kinds:
         table.unpersist()
+        if not any(size.values()):
+            raise HistoryError(f"the {len(paths)} audit segment(s) under {directory} are empty")
         raise HistoryError(
-            f"no valid audit events in {len(files)} segment(s) under {root} "
+            f"no valid audit events in {len(paths)} segment(s) under {root} "
             f"({history.malformed} malformed line(s), {history.torn} torn)"
         )
     history.events = table.filter(~F.col("bad") & F.col("kind").isin(*KINDS)).select(

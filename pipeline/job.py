@@ -51,15 +51,21 @@ class Result:
 
 
 def run(
-    spark: SparkSession, directory: str | Path, *, with_stats: bool = True, examples: int = EXAMPLES
+    spark: SparkSession,
+    directory: str | Path,
+    *,
+    with_stats: bool = True,
+    examples: int = EXAMPLES,
+    cache: str | Path | None = None,
 ) -> Result:
-    """Check the history under `directory` (HistoryError for unusable input)."""
+    """Check the history under `directory` (HistoryError for unusable input); `cache`: a
+    directory where its parsed events are kept for the next check (pipeline/cache.py)."""
     from pyspark import StorageLevel
     from pyspark.sql import DataFrame
     from pyspark.sql import functions as F
 
     started = time.monotonic()
-    history = load(spark, directory)
+    history = load(spark, directory, cache)
     result = Result(history)
     events = history.events
     cons = checks.consumption(events, node_deliveries=history.visible.get("delivered", 0) > 0)

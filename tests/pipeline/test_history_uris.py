@@ -12,8 +12,10 @@ from typing import Any
 
 import pytest
 
+from pipeline import history as history_module
 from pipeline.cli import run_check
-from pipeline.segments import list_segments, tail, uri_of
+from pipeline.history import schema
+from pipeline.segments import HistoryError, file_path, read, segment, tail, uri_of
 from pipeline.synth import Inject, generate
 
 pytestmark = pytest.mark.slow  # a Spark session, then seconds a check
@@ -61,12 +63,47 @@ def test_a_glob_reads_only_what_it_matches(spark: Any, tmp_path: Path) -> None:
 def test_a_torn_tail_is_read_through_hadoop(spark: Any, tmp_path: Path) -> None:
     history = tmp_path / "h"
     history.mkdir()
-    segment = history / "n1-1-0.jsonl"
-    segment.write_bytes(b'{"ts_ns":1}\n' * 10_000 + b'{"ts_ns":2,"no')
-    [listed] = list_segments(spark, f"file://{history}")
-    assert (listed.name, listed.size) == (segment.name, segment.stat().st_size)
+    segment_file = history / "n1-1-0.jsonl"
+    segment_file.write_bytes(b'{"ts_ns":1}\n' * 10_000 + b'{"ts_ns":2,"no')
+    _, [path] = read(spark, f"file://{history}", schema())
+    listed = segment(path, segment_file.stat().st_size)
+    assert (listed.uri, listed.name) == (f"file:{history}/n1-1-0.jsonl", segment_file.name)
     assert tail(spark, listed, 20) == b'"ts_ns":1}\n{"ts_ns":2,"no'[-20:]
     assert tail(spark, listed).endswith(b'{"ts_ns":2,"no') and len(tail(spark, listed)) == 1 << 16
+
+
+@pytest.mark.parametrize(
+    ("listed", "spelled"),
+    [
+        ("file:///srv/audit/a%20b.jsonl", "file:/srv/audit/a%20b.jsonl"),
+        ("hdfs://namenode:8020/audit/n1-1-0.jsonl", "hdfs://namenode:8020/audit/n1-1-0.jsonl"),
+        ("s3a://bucket/audit/n1-1-0.jsonl", "s3a://bucket/audit/n1-1-0.jsonl"),
+    ],
+)
+def test_a_listed_uri_is_spelled_as_spark_names_the_file_it_reads(
+    listed: str, spelled: str
+) -> None:
+    """The join of each event to its file's index is on this spelling."""
+    assert file_path(listed) == spelled
+
+
+def test_files_whose_names_need_escaping_are_read_and_named(spark: Any, tmp_path: Path) -> None:
+    """Spark spells such a file's path URL-encoded; none of its events may be lost on the way."""
+    plain = tmp_path / "plain"
+    generate(plain, messages=500, groups=5)
+    odd = tmp_path / "odd"
+    for i, source in enumerate(sorted(plain.glob("*.jsonl"))):
+        target = odd / "run 1%" / source.name.replace("-", f" {i}% -", 1)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(source.read_bytes())
+    with (odd / "run 1%" / "n9 x%.jsonl").open("w") as torn:
+        torn.write('{"ts_ns":1,"node":"n9","kind":"sent"}\n{"ts_ns":2,"no')
+    code, by_plain, _ = checked(plain, spark, tmp_path / "r-plain")
+    code_odd, by_odd, text = checked(odd, spark, tmp_path / "r-odd")
+    assert code == code_odd == 0, text
+    assert by_odd["input"]["lines"] == by_plain["input"]["lines"] + 2
+    assert by_odd["input"]["files"] == by_plain["input"]["files"] + 1
+    assert by_odd["input"]["torn_last_lines"] == 1 and by_odd["input"]["malformed_lines"] == 0
 
 
 @pytest.mark.parametrize(
@@ -93,3 +130,20 @@ def test_a_uri_without_a_report_directory_is_refused_before_spark_starts(
     assert capsys.readouterr().err == (
         "pinmq: error: --report DIR is needed: summary.json cannot go to hdfs://namenode/audit\n"
     )
+
+
+def test_events_of_a_file_the_listing_did_not_name_fail_the_load(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Were a path spelled one way by the listing and another by Spark's `file_path`, the
+    join of events to files would leave that file's events without one: the load fails
+    loudly rather than check a history short of them."""
+    generate(tmp_path / "history", messages=200, groups=2)
+
+    def short_listing(*args: Any) -> tuple[Any, list[str]]:
+        frame, paths = read(*args)
+        return frame, paths[1:]
+
+    monkeypatch.setattr(history_module, "read", short_listing)
+    with pytest.raises(HistoryError, match="that its listing did not name"):
+        history_module.load(spark, tmp_path / "history")

@@ -316,6 +316,31 @@ def test_unknown_fields_are_found_in_every_line_not_a_sample(spark: Any, tmp_pat
     assert h.malformed == 0 and result.counts == NONE
 
 
+def test_an_events_width_is_its_compact_json_length_for_every_number_of_digits(spark: Any) -> None:
+    """The unknown-key screen trusts `width()` to the byte: a file adds up only if it does."""
+    from pyspark.sql import functions as F
+
+    from pipeline.history import schema, width
+
+    numbers = [0, 7, 10, 99, 100, 12345, 10**9 - 1, 10**9, 10**17, 10**18 - 1, 10**18, 2**63 - 1]
+    numbers += [-1, -10, -(2**63)]
+    lines = [
+        json.dumps(
+            {"ts_ns": x, "node": "n\u00e9", "kind": "acked", "group_seq": abs(x) % 1000,
+             "new_proposal": x % 2 == 0},
+            separators=(",", ":"),
+            ensure_ascii=False,
+        )
+        for x in numbers
+    ]  # fmt: skip
+    frame = spark.createDataFrame([(line,) for line in lines], "value string")
+    parsed = frame.select("value", F.from_json("value", schema()).alias("e")).select("value", "e.*")
+    widths = parsed.select(F.octet_length("value").alias("bytes"), width().alias("width"))
+    assert [(r["bytes"], r["width"]) for r in widths.collect()] == [
+        (len(line.encode()),) * 2 for line in lines
+    ]
+
+
 def test_the_cli_prints_a_verdict_writes_a_report_and_exits_1_on_violations(
     tmp_path: Path,
 ) -> None:
