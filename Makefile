@@ -13,9 +13,12 @@ export PINMQ_IMAGE ?= pinmq:latest
 # processes' audit.dir, deploy/*.yaml, is run/audit too) and `pinmq load`'s clients', side by
 # side. `make clean-data` empties it: a history must not span two clusters.
 export PINMQ_AUDIT_DIR ?= $(CURDIR)/run/audit
+# The Spark image of the compose file's `spark` profile (make spark-image, make up-spark).
+export PINMQ_SPARK_IMAGE ?= pinmq-spark:latest
 
 .PHONY: up down up-docker down-docker up-ha-all down-ha-all up-local down-local image clean-data standalone test \
-	prerequisites lint proto bench bench-compare sim clean secrets chaos check
+	prerequisites lint proto bench bench-compare sim clean secrets chaos check spark-image up-spark down-spark test-spark-cluster \
+	test-containers
 
 $(STAMP): pyproject.toml
 	@$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || \
@@ -59,8 +62,24 @@ up-docker: $(COMPOSE_PLUGIN) secrets
 	docker compose up -d --wait
 	@$(BIN)/python deploy/endpoints.py $(SECRETS)
 
+# With the spark profile's containers too, if they run: they share the network.
 down-docker: $(COMPOSE_PLUGIN)
-	docker compose down
+	docker compose --profile spark down
+
+# A Spark standalone cluster (master, two workers) in containers, for `make check
+# MASTER=spark://spark-master:7077`: the compose file's `spark` profile. The image (about 1 GB:
+# Spark's jars and a JRE) is built when missing; `make spark-image` rebuilds it.
+SPARK_SERVICES := spark-master spark-worker-1 spark-worker-2
+spark-image: $(STAMP)
+	deploy/build-image.sh $(BIN)/python spark
+
+up-spark: $(COMPOSE_PLUGIN)
+	@docker image inspect $(PINMQ_SPARK_IMAGE) >/dev/null 2>&1 || deploy/build-image.sh $(BIN)/python spark
+	@mkdir -p "$(PINMQ_AUDIT_DIR)"
+	docker compose --profile spark up -d --wait $(SPARK_SERVICES)
+
+down-spark: $(COMPOSE_PLUGIN)
+	docker compose --profile spark rm -sf $(SPARK_SERVICES)
 
 # Every node as a pair (docker-compose.ha-all.yml over docker-compose.yml): six containers.
 HA_ALL := COMPOSE_FILE=docker-compose.yml:docker-compose.ha-all.yml
@@ -71,7 +90,7 @@ up-ha-all: $(COMPOSE_PLUGIN) secrets
 	@$(HA_ALL) $(BIN)/python deploy/endpoints.py $(SECRETS)
 
 down-ha-all: $(COMPOSE_PLUGIN)
-	$(HA_ALL) docker compose down
+	$(HA_ALL) docker compose --profile spark down
 
 up-local: $(STAMP) secrets
 	$(BIN)/pinmq up deploy/node1.yaml deploy/node1-backup.yaml deploy/node2.yaml deploy/node3.yaml
@@ -82,7 +101,7 @@ down-local: $(STAMP)
 # The containers' audit files belong to their user (uid 10001): where the host's user may not
 # remove them, a container of the image does.
 clean-data: $(STAMP)
-	@if docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory $(COMPOSE_PLUGIN) && docker compose down -v; fi
+	@if docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory $(COMPOSE_PLUGIN) && docker compose --profile spark down -v; fi
 	rm -rf data "$(CHECK_REPORT)"
 	@rm -rf "$(PINMQ_AUDIT_DIR)" 2>/dev/null || { docker run --rm --user root --entrypoint find \
 		-v "$(PINMQ_AUDIT_DIR):/audit" $(PINMQ_IMAGE) /audit -mindepth 1 -delete \
@@ -110,21 +129,50 @@ prerequisites:
 # run whole on one worker each. Three, not four, on two cores: with four, the drills' ha pairs
 # (1 s failure-timeout) were starved into failovers that a healthy start must not have.
 # TEST_WORKERS=0: one process, in order. Every run ends with its 15 slowest tests (addopts in
-# pyproject.toml).
+# pyproject.toml). The container drills (marked `containers`) are make test-containers'.
 TEST_WORKERS ?= 3
 test: prerequisites $(STAMP) $(COMPOSE_PLUGIN) secrets
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports  # the layers and no import cycles: pyproject.toml, docs/architecture.md
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --ignore=tests/pipeline
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --ignore=tests/pipeline \
+		-m 'not containers'
 	# Spark in a process of its own: after the gRPC tests its JVM gateway failed to start in-process.
-	$(BIN)/python -m pytest -q tests/pipeline
+	$(BIN)/python -m pytest -q tests/pipeline -m 'not spark_cluster'
+
+# The compose cluster drilled in containers (tests/drills, marked `containers`: docker kill,
+# pause, network cuts, full disks, the chaos run, the README's "Drill it yourself" tour): about
+# ten minutes, apart from `make test` for its time, and on two workers, not beside the rest,
+# so that a starved host does not fail a healthy pair over. .ci/run runs it.
+CONTAINER_WORKERS ?= 2
+test-containers: prerequisites $(STAMP) $(COMPOSE_PLUGIN) secrets
+	$(BIN)/python -m pytest -q -n $(CONTAINER_WORKERS) --dist loadgroup tests/drills -m containers
+
+# The checker on the compose file's Spark cluster (make up-spark's, in a project of its own):
+# the same verdict as local[*]. The image is built first, so that its driver and executors
+# run this tree's checker (3 minutes from scratch, under one from docker's cache). Apart from
+# `make test` for its time; .ci/run runs both.
+test-spark-cluster: $(STAMP) $(COMPOSE_PLUGIN)
+	deploy/build-image.sh $(BIN)/python spark
+	$(BIN)/python -m pytest -q tests/pipeline -m spark_cluster
 
 # What the cluster did, checked (`pinmq check`, README "Drill it yourself"): the verdict, then
 # summary.json and the HTML report under run/check. MASTER=spark://host:7077 runs the check on
-# a Spark cluster instead of local[*].
+# a Spark cluster instead of local[*]; MASTER=spark://spark-master:7077 on `make up-spark`'s,
+# with the driver in a container of that network (the service spark-check: executors connect
+# back to their driver, and read the history at the path it names). On the local master the
+# parsed events are kept in run/check/cache for the next check of the same segments.
 CHECK_REPORT ?= run/check
-check: $(STAMP)
-	$(BIN)/pinmq check "$(PINMQ_AUDIT_DIR)" --report "$(CHECK_REPORT)" $(if $(MASTER),--master '$(MASTER)')
+check: $(STAMP) $(COMPOSE_PLUGIN)
+ifneq ($(findstring //spark-master:,$(MASTER)),)
+	@mkdir -p "$(CHECK_REPORT)"
+	@echo "make check: the driver runs in the spark-check container; its /var/lib/pinmq/check is $(CHECK_REPORT)"
+	PINMQ_CHECK_REPORT="$(abspath $(CHECK_REPORT))" docker compose --profile spark-check run --rm \
+		--no-deps --user "$$(id -u):$$(id -g)" spark-check /var/lib/pinmq/audit \
+		--master '$(MASTER)' --report /var/lib/pinmq/check
+else
+	$(BIN)/pinmq check "$(PINMQ_AUDIT_DIR)" --report "$(CHECK_REPORT)" \
+		$(if $(MASTER),--master '$(MASTER)',--cache "$(CHECK_REPORT)/cache")
+endif
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -132,8 +132,27 @@ class ComposeCluster:
         self.stack = DockerCompose(REPO, compose_file_name=[*files, str(override)])
 
     def start(self) -> ComposeCluster:
-        self.stack.start()  # up --wait: every container healthy
+        """`up --wait`: every container healthy. When one is not, the failure names it: what
+        compose said, each container's state and health, and the last lines of its log."""
+        try:
+            self.stack.start()
+        except subprocess.CalledProcessError as err:
+            why = f"docker compose up --wait: {err.stderr}\n{self.states()}"
+            raise AssertionError(why) from err
         return self
+
+    def states(self) -> str:
+        """Each container's state and health, then the log tail of any that is not healthy."""
+        lines = []
+        for container in self.stack.get_containers(include_all=True):
+            lines.append(f"{container.Service}: {container.State} {container.Health or ''}")
+            if container.Health != "healthy" and container.Service != "secrets":
+                if container.Health:  # the health check's last answers (pinmq.probe's line)
+                    probe = "{{range .State.Health.Log}}{{.Output}}{{end}}"
+                    lines.append(self.docker("inspect", "-f", probe, service=container.Service))
+                tail = self.compose("logs", "--no-color", "--tail", "30", container.Service)
+                lines.extend(f"  {line}" for line in tail.splitlines())
+        return "\n".join(lines)
 
     def compose(self, *args: str, timeout: float = 300) -> str:
         done = subprocess.run(

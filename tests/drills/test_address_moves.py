@@ -20,7 +20,8 @@ import pytest
 import waiting
 from compose_nodes import IMAGE, build_image
 
-pytestmark = pytest.mark.slow  # an image build (cached), then about 15 s
+# an image build (cached), then about 15 s
+pytestmark = [pytest.mark.slow, pytest.mark.containers]
 
 SERVER = """
 import asyncio, socket, grpc

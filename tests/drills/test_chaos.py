@@ -14,7 +14,7 @@ import pytest
 from chaos_run import chaos, table
 from compose_nodes import IMAGE, build_image
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.containers]
 
 SEED = 2026
 SECONDS = 180.0

@@ -47,7 +47,8 @@ from watchdog import watchdog
 from broker.info import HaPairStatus
 from cluster.bridge import sf_queue
 
-pytestmark = pytest.mark.slow  # container drills: an image build, then a minute a drill
+# container drills: an image build, then a minute a drill
+pytestmark = [pytest.mark.slow, pytest.mark.containers]
 
 KINDS = ("client", "stomp", "http")  # the ports `make up` prints for each node
 DRILL_LIMIT_S = 360  # a drill takes 60-80 s under CI's load: past this one hangs
