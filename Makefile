@@ -140,9 +140,10 @@ test: prerequisites $(STAMP) $(COMPOSE_PLUGIN) secrets
 	$(BIN)/python -m pytest -q tests/pipeline -m 'not spark_cluster'
 
 # The compose cluster drilled in containers (tests/drills, marked `containers`: docker kill,
-# pause, network cuts, full disks, the chaos run, the README's "Drill it yourself" tour): about
-# ten minutes, apart from `make test` for its time, and on two workers, not beside the rest,
-# so that a starved host does not fail a healthy pair over. .ci/run runs it.
+# pause, network cuts, full disks, the chaos run, the README's "Drill it yourself" tour, and
+# two image builds at once): about ten minutes, apart from `make test` for its time, and on
+# two workers, not beside the rest, so that a starved host does not fail a healthy pair over.
+# .ci/run runs it.
 CONTAINER_WORKERS ?= 2
 test-containers: prerequisites $(STAMP) $(COMPOSE_PLUGIN) secrets
 	$(BIN)/python -m pytest -q -n $(CONTAINER_WORKERS) --dist loadgroup tests/drills -m containers

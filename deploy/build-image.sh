@@ -9,7 +9,8 @@
 #     pull it; else pinmq-base:<release>, built once by debootstrap of this machine's Debian
 #     release from the mirror in its apt sources (python3, python3-venv, ca-certificates) and
 #     `docker import`. debootstrap is installed with apt-get when missing.
-#  3. docker build -f deploy/Dockerfile --build-arg BASE=<that base>.
+#  3. docker build -f deploy/Dockerfile --build-arg BASE=<that base>, one build at a time on
+#     the engine (a lock file in $TMPDIR).
 #
 # With KIND spark it builds the Spark image instead (pinmq-spark:latest, $PINMQ_SPARK_IMAGE):
 # deploy/spark.Dockerfile, from a wheelhouse of pinmq[check] (PySpark: Spark's jars), on the
@@ -49,6 +50,12 @@ tar -c --exclude=./.git --exclude=./.venv --exclude=./.bench --exclude=./data --
 SOURCE_DATE_EPOCH=$epoch "$PYTHON" -m pip wheel -q --wheel-dir "$WHEELS" "$SOURCE$REQUIREMENT" \
   || fail "pip wheel failed"
 find "$CONTEXT" -exec touch -h -d "@$epoch" {} +
+
+# One build at a time on this engine (two test workers, two checkouts): a build's closing prune
+# removed the image another build was about to tag ("failed to get digest"), and two first
+# builds would both debootstrap the base.
+exec 9>>"${TMPDIR:-/tmp}/pinmq-build-image.lock"
+flock -n 9 || { step "waiting for another image build on this engine"; flock 9; }
 
 # The release and mirror this machine's apt uses: deb822 sources first, then sources.list.
 release() { . /etc/os-release && printf '%s' "${VERSION_CODENAME:?no VERSION_CODENAME in /etc/os-release}"; }
