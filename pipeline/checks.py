@@ -262,12 +262,16 @@ def routing(routed: DataFrame, events: DataFrame, unbound: bool) -> DataFrame:
         )
     else:
         routes = routes.withColumn("binding", F.lit(0))
+    # Counted per target first: a hash aggregation, where a set of targets per binding is an
+    # object aggregation that sorts once a task holds more than a few bindings.
+    binding = ("queue", "group", "epoch", "binding")
+    per_target = routes.groupBy(*binding, "address", "target").agg(F.count(F.lit(1)).alias("n"))
     return (
-        routes.groupBy("queue", "group", "epoch", "binding")
+        per_target.groupBy(*binding)
         .agg(
             F.first("address").alias("address"),
             F.array_sort(F.collect_set("target")).alias("targets"),
-            F.count(F.lit(1)).alias("events"),
+            F.sum("n").alias("events"),
         )
         .filter(F.size("targets") > 1)
         .drop("binding")

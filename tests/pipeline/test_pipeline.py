@@ -162,7 +162,7 @@ def test_routing_is_per_queue_and_a_removed_binding_may_be_replaced(
     # binding is removed and the group bound again elsewhere.
     _write(
         tmp_path / "n2-1-0.jsonl",
-        routed(100, "news.a", "n2"), routed(110, "news.b", "n3"),
+        routed(100, "news.a", "n2"), routed(110, "news.b", "n3"), routed(120, "news.a", "n2"),
         routed(400, "news.a", "n3"), routed(410, "news.b", "n3"),
     )  # fmt: skip
     _write(tmp_path / "n1-1-0.jsonl", removal)
@@ -172,7 +172,9 @@ def test_routing_is_per_queue_and_a_removed_binding_may_be_replaced(
     (tmp_path / "n1-1-0.jsonl").unlink()
     result = job.run(spark, tmp_path, with_stats=False)
     assert result.counts["routing"] == 1
-    assert result.examples["routing"][0]["targets"] == ["news.a@n2", "news.a@n3"]
+    example = result.examples["routing"][0]
+    assert example["targets"] == ["news.a@n2", "news.a@n3"]
+    assert (example["address"], example["events"]) == ("news", 3)  # every route of it, once
     assert pure.check(tmp_path)["routing"] == 1
 
 
