@@ -217,8 +217,10 @@ def load(spark: SparkSession, directory: str | Path, cache: str | Path | None = 
         width().alias("width"),
     )
     converted = False
+    # The checks keep their intermediate tables in memory too: uncompressed, they are built
+    # faster (bench/RESULTS.md), and spill to disk when memory runs short.
+    spark.conf.set("spark.sql.inMemoryColumnarStorage.compressed", "false")
     if cache is None:
-        spark.conf.set("spark.sql.inMemoryColumnarStorage.compressed", "false")  # faster build
         table = table.persist(StorageLevel.MEMORY_AND_DISK)
     else:
         table, converted = events_cache.table(spark, cache, root, paths, table)
