@@ -8,6 +8,7 @@ suit it. Each figure knows whether higher or lower is better.
 from __future__ import annotations
 
 import math
+import re
 import shlex
 import statistics
 from collections.abc import Callable
@@ -106,10 +107,55 @@ def end_to_end_figures(output: str) -> list[Figure]:
     return out
 
 
+_CLUSTER_ROW = re.compile(
+    r"(?P<run>\S.*?)\s+(?P<e2e>[\d,]+)\s+(?P<send>[\d,]+)\s+(?P<p50>[\d.]+)\s+(?P<p99>[\d.]+)"
+    r"\s+(?P<cpu>[\d,]+) us\s+\d+%\s+(?P<checks>PASS|FAIL)"
+)
+_CLUSTER_RATIO = re.compile(
+    r"ratio (?P<run>.+) / standalone: (?P<e2e>[\d.]+) end-to-end .*"
+    r"node CPU per message (?P<cpu>[\d.]+)x"
+)
+
+
+def cluster_throughput_figures(output: str) -> list[Figure]:
+    """Per run of the summary (standalone, each cluster variant): e2e and send msg/s, p50/p99
+    latency, node CPU per message; and each variant's same-run ratios to the standalone node,
+    the figures a shared machine's drift moves least. A run's label may hold spaces."""
+    lines = output.splitlines()
+    starts = [i for i, line in enumerate(lines) if "node CPU/msg" in line]
+    if not starts:
+        raise ValueError("no line with 'node CPU/msg'")
+    out = []
+    for line in lines[starts[-1] + 1 :]:
+        if row := _CLUSTER_ROW.fullmatch(line.strip()):
+            if row["checks"] == "FAIL":
+                raise ValueError(f"a row failed its checks: {line.strip()}")
+            run = row["run"]
+            out += [
+                Figure(f"{run}: e2e msg/s", _num(row["e2e"]), True),
+                Figure(f"{run}: send msg/s", _num(row["send"]), True),
+                Figure(f"{run}: p50 ms", _num(row["p50"]), False),
+                Figure(f"{run}: p99 ms", _num(row["p99"]), False),
+                Figure(f"{run}: node CPU µs/msg", _num(row["cpu"]), False),
+            ]
+        elif ratio := _CLUSTER_RATIO.fullmatch(line.strip()):
+            run = ratio["run"]
+            out += [
+                Figure(f"{run} / standalone: e2e", _num(ratio["e2e"]), True),
+                Figure(f"{run} / standalone: node CPU per message", _num(ratio["cpu"]), False),
+            ]
+        else:
+            break
+    if not out:
+        raise ValueError("no rows under 'node CPU/msg'")
+    return out
+
+
 EXTRACTORS: dict[str, Callable[[str], list[Figure]]] = {
     "stomp_vs_activemq.py": stomp_figures,
     "core_dispatch.py": core_dispatch_figures,
     "end_to_end.py": end_to_end_figures,
+    "cluster_throughput.py": cluster_throughput_figures,
 }
 
 

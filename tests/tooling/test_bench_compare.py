@@ -76,6 +76,28 @@ def test_end_to_end_figures_from_its_summary() -> None:
     assert figs["100 groups non-persistent: p50 ms"].value == 105.5
 
 
+def test_cluster_throughput_figures_per_run_and_the_ratios_to_one_node() -> None:
+    # Captured at 05f85d1; the summary's format is the same since 200d2dd.
+    output = _read("cluster_throughput.txt")
+    figs = _by_name(figures("bench/cluster_throughput.py --quick", output))
+    runs = ("standalone", "cluster on-demand", "cluster off")
+    kinds = ("e2e msg/s", "send msg/s", "p50 ms", "p99 ms", "node CPU µs/msg")
+    ratios = ("e2e", "node CPU per message")
+    expected = {f"{r}: {k}" for r in runs for k in kinds}
+    expected |= {f"{r} / standalone: {k}" for r in runs[1:] for k in ratios}
+    assert set(figs) == expected
+    e2e = figs["cluster on-demand: e2e msg/s"]
+    assert (e2e.value, e2e.higher_is_better) == (21_760, True)
+    assert figs["cluster off: p99 ms"].value == 188.6
+    assert figs["standalone: node CPU µs/msg"] == Figure("standalone: node CPU µs/msg", 25, False)
+    assert figs["cluster on-demand / standalone: e2e"].value == 0.77
+    ratio = figs["cluster on-demand / standalone: node CPU per message"]
+    assert (ratio.value, ratio.higher_is_better) == (2.27, False)
+    with pytest.raises(FigureError, match="failed its checks"):
+        failed = output.replace("57 us   67%  PASS", "57 us   67%  FAIL")
+        figures("bench/cluster_throughput.py", failed)
+
+
 def test_output_an_extractor_cannot_read_is_an_error_naming_the_script() -> None:
     with pytest.raises(FigureError, match=r"end_to_end\.py"):
         figures("bench/end_to_end.py", _read("core_dispatch.txt"))
