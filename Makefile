@@ -93,7 +93,8 @@ down-ha-all: $(COMPOSE_PLUGIN)
 	$(HA_ALL) docker compose --profile spark down
 
 up-local: $(STAMP) secrets
-	$(BIN)/pinmq up deploy/node1.yaml deploy/node1-backup.yaml deploy/node2.yaml deploy/node3.yaml
+	$(BIN)/pinmq up deploy/node1.yaml deploy/node1-backup.yaml deploy/node2.yaml deploy/node3.yaml \
+		--audit-dir "$(PINMQ_AUDIT_DIR)"
 
 down-local: $(STAMP)
 	$(BIN)/pinmq down

@@ -40,6 +40,11 @@ def _parser() -> argparse.ArgumentParser:
     up = verbs.add_parser("up", help="start nodes in the background and wait until healthy")
     up.add_argument("configs", nargs="+", metavar="CONFIG", help="node YAML configs")
     up.add_argument("--run-dir", default="run", help="pid and log files (default: %(default)s)")
+    up.add_argument(
+        "--audit-dir",
+        metavar="DIR",
+        help="every node's audit log goes here instead of its config's audit dir",
+    )
     down = verbs.add_parser("down", help="stop the nodes that `pinmq up` started")
     down.add_argument("--run-dir", default="run", help="pid and log files (default: %(default)s)")
 
@@ -391,7 +396,8 @@ def _run_local(args: argparse.Namespace) -> int:
             return _run_node(args.config)
         console = Console() if sys.stdout.isatty() else Console(width=200)  # no cut columns
         if args.verb == "up":
-            return launcher.up(args.configs, Path(args.run_dir), console)
+            audit = Path(args.audit_dir) if args.audit_dir else None
+            return launcher.up(args.configs, Path(args.run_dir), console, audit_dir=audit)
         return launcher.down(Path(args.run_dir), console)
     except ConfigError as err:
         print("pinmq: error: invalid config:", file=sys.stderr)

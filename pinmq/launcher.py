@@ -6,6 +6,7 @@ processes `up` started, and a second `up` refuses to start a node that is still 
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -80,13 +81,21 @@ def _tail(log: Path, lines: int = 5) -> str:
         return ""
 
 
-def up(config_paths: list[str], run_dir: Path, console: Console) -> int:
-    """Start every node that is not running yet; wait until all are healthy."""
-    configs = [(Path(p), load_config(p)) for p in config_paths]
+def up(
+    config_paths: list[str], run_dir: Path, console: Console, audit_dir: Path | None = None
+) -> int:
+    """Start every node that is not running yet; wait until all are healthy. `audit_dir`:
+    where every node's audit log goes, whatever its config says (an overlay in `run_dir`)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    overlays: list[Path] = []
+    if audit_dir is not None:
+        overlay = run_dir / "audit-dir.yaml"
+        overlay.write_text(json.dumps({"audit": {"dir": str(audit_dir.resolve())}}) + "\n")
+        overlays.append(overlay)
+    configs = [(Path(p), load_config(p, *overlays)) for p in config_paths]
     if clash := _clashes([cfg for _, cfg in configs]):
         console.print(f"pinmq: error: {clash}", markup=False)
         return 2
-    run_dir.mkdir(parents=True, exist_ok=True)
     started: dict[str, subprocess.Popen[bytes]] = {}
     for path, cfg in configs:
         node_id = cfg.node.id
@@ -96,7 +105,8 @@ def up(config_paths: list[str], run_dir: Path, console: Console) -> int:
             continue
         log = (run_dir / f"{node_id}.log").open("ab")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "pinmq.cli", "node", "--config", str(path)],
+            [sys.executable, "-m", "pinmq.cli", "node", "--config", str(path)]
+            + [arg for o in overlays for arg in ("--config", str(o))],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

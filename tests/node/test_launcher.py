@@ -58,6 +58,25 @@ def test_up_waits_for_health_and_down_stops_everything(tmp_path: Path) -> None:
     assert not list(run.glob("*.pid"))
 
 
+def test_up_audit_dir_moves_every_nodes_audit_log(tmp_path: Path) -> None:
+    run, moved, configured = tmp_path / "run", tmp_path / "moved", tmp_path / "configured"
+    path, url = _config(tmp_path, "au")
+    config = yaml.safe_load(path.read_text())
+    config["audit"] = {"enabled": True, "dir": str(configured)}
+    path.write_text(yaml.safe_dump(config))
+    started = cli("up", str(path), "--run-dir", str(run), "--audit-dir", str(moved))
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        with SyncClient(url) as client:
+            client.send("audited", b"x")
+    finally:
+        assert cli("down", "--run-dir", str(run)).returncode == 0
+    segments = list(moved.rglob("*.jsonl"))
+    assert segments and all(p.name.startswith("au-") for p in segments)
+    assert any(b'"kind":"sent"' in p.read_bytes() for p in segments)
+    assert not configured.exists() or not list(configured.rglob("*.jsonl"))
+
+
 @pytest.mark.slow
 def test_up_reports_a_node_that_cannot_start(tmp_path: Path) -> None:
     run = tmp_path / "run"
