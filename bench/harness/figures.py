@@ -34,14 +34,19 @@ def _num(text: str) -> float:
     return float(text.replace(",", "").removesuffix("s"))
 
 
-def _rows(output: str, header: str, width: int) -> list[list[str]]:
-    """The rows of width `width` right under the last line containing `header`."""
+def _under(output: str, header: str) -> list[str]:
+    """The lines after the last one containing `header` (a summary's table head)."""
     lines = output.splitlines()
     starts = [i for i, line in enumerate(lines) if header in line]
     if not starts:
         raise ValueError(f"no line with {header!r}")
+    return lines[starts[-1] + 1 :]
+
+
+def _rows(output: str, header: str, width: int) -> list[list[str]]:
+    """The rows of width `width` right under the last line containing `header`."""
     rows = []
-    for line in lines[starts[-1] + 1 :]:
+    for line in _under(output, header):
         fields = line.split()
         if len(fields) != width:
             break
@@ -121,12 +126,8 @@ def cluster_throughput_figures(output: str) -> list[Figure]:
     """Per run of the summary (standalone, each cluster variant): e2e and send msg/s, p50/p99
     latency, node CPU per message; and each variant's same-run ratios to the standalone node,
     the figures a shared machine's drift moves least. A run's label may hold spaces."""
-    lines = output.splitlines()
-    starts = [i for i, line in enumerate(lines) if "node CPU/msg" in line]
-    if not starts:
-        raise ValueError("no line with 'node CPU/msg'")
     out = []
-    for line in lines[starts[-1] + 1 :]:
+    for line in _under(output, "node CPU/msg"):
         if row := _CLUSTER_ROW.fullmatch(line.strip()):
             if row["checks"] == "FAIL":
                 raise ValueError(f"a row failed its checks: {line.strip()}")
